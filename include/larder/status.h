@@ -1,0 +1,164 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// larder::Status and larder::Result<T>: the one error vocabulary of Larder.
+//
+// A Status is either OK or carries a code (abseil's canonical set) and a message that names the key,
+// segment, peer or fd involved. Result<T> holds either a value or a non-OK Status. Both are
+// [[nodiscard]]: a dropped error is a compile-time warning (and an error with -Werror).
+//
+// How to react to a code:
+//   Unavailable        retry the call (peer down, connection lost, backing off).
+//   Aborted            retry the whole operation (a concurrent change invalidated it).
+//   DeadlineExceeded   the deadline passed; the work may or may not have happened.
+//   FailedPrecondition do not retry until the system state changes.
+//   InvalidArgument / OutOfRange / NotFound / PermissionDenied: fix the request.
+//
+// Thread safety: Status and Result are values; distinct objects may be used from distinct threads.
+#pragma once
+
+#include <cassert>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace larder {
+
+enum class StatusCode : int {
+  kOk = 0,
+  kCancelled = 1,
+  kUnknown = 2,
+  kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
+  kNotFound = 5,
+  kAlreadyExists = 6,
+  kPermissionDenied = 7,
+  kResourceExhausted = 8,
+  kFailedPrecondition = 9,
+  kAborted = 10,
+  kOutOfRange = 11,
+  kUnimplemented = 12,
+  kInternal = 13,
+  kUnavailable = 14,
+  kDataLoss = 15,
+};
+
+// Returns the canonical name of `code`, e.g. "Unavailable".
+std::string_view StatusCodeName(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  // An OK status. Cheap: no allocation.
+  Status() = default;
+  // REQUIRES: code != kOk, or message is empty.
+  Status(StatusCode code, std::string message);
+
+  static Status Ok() { return Status(); }
+
+  bool ok() const { return state_ == nullptr; }
+  StatusCode code() const { return state_ ? state_->code : StatusCode::kOk; }
+  // Empty for OK.
+  const std::string& message() const;
+
+  // "OK" or "<CodeName>: <message>".
+  std::string ToString() const;
+
+  // Returns a copy whose message is "<context>: <message>". OK stays OK.
+  Status WithContext(std::string_view context) const;
+
+  bool operator==(const Status& other) const {
+    return code() == other.code() && message() == other.message();
+  }
+
+  // Explicitly ignore a status (documents that dropping it is intended).
+  void IgnoreError() const {}
+
+ private:
+  struct State {
+    StatusCode code;
+    std::string message;
+  };
+  // Shared so that copying a Status is cheap; states are immutable once built.
+  std::shared_ptr<const State> state_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Status& status);
+
+Status CancelledError(std::string message);
+Status UnknownError(std::string message);
+Status InvalidArgumentError(std::string message);
+Status DeadlineExceededError(std::string message);
+Status NotFoundError(std::string message);
+Status AlreadyExistsError(std::string message);
+Status PermissionDeniedError(std::string message);
+Status ResourceExhaustedError(std::string message);
+Status FailedPreconditionError(std::string message);
+Status AbortedError(std::string message);
+Status OutOfRangeError(std::string message);
+Status UnimplementedError(std::string message);
+Status InternalError(std::string message);
+Status UnavailableError(std::string message);
+Status DataLossError(std::string message);
+
+// Maps an errno value to the closest code, with "<what>: <strerror>" as message.
+Status ErrnoToStatus(int err, std::string_view what);
+
+// Either a T or a non-OK Status.
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  // REQUIRES: !status.ok().
+  Result(Status status) : value_(std::move(status)) {  // NOLINT(google-explicit-constructor)
+    assert(!std::get<Status>(value_).ok());
+  }
+  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  // Converts from anything convertible to T (e.g. shared_ptr<Derived> to shared_ptr<Base>).
+  template <typename U,
+            typename = std::enable_if_t<std::is_convertible_v<U&&, T> &&
+                                        !std::is_same_v<std::decay_t<U>, T> &&
+                                        !std::is_convertible_v<U&&, Status>>>
+  Result(U&& value) : value_(T(std::forward<U>(value))) {}  // NOLINT(google-explicit-constructor)
+
+  bool ok() const { return std::holds_alternative<T>(value_); }
+  // OK when a value is held.
+  Status status() const { return ok() ? Status() : std::get<Status>(value_); }
+
+  // REQUIRES: ok().
+  T& value() & { return std::get<T>(value_); }
+  const T& value() const& { return std::get<T>(value_); }
+  T&& value() && { return std::get<T>(std::move(value_)); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+  // Returns the value, or `fallback` when this holds an error.
+  T value_or(T fallback) const { return ok() ? std::get<T>(value_) : std::move(fallback); }
+
+ private:
+  std::variant<Status, T> value_;
+};
+
+}  // namespace larder
+
+#define LARDER_CONCAT_INNER_(a, b) a##b
+#define LARDER_CONCAT_(a, b) LARDER_CONCAT_INNER_(a, b)
+
+// Returns from the enclosing function when `expr` (a Status) is not OK.
+#define LARDER_RETURN_IF_ERROR(expr)              \
+  do {                                            \
+    ::larder::Status larder_status_ = (expr);     \
+    if (!larder_status_.ok()) return larder_status_; \
+  } while (0)
+
+// `lhs = value of expr` when `expr` (a Result<T>) is OK; returns its Status otherwise.
+#define LARDER_ASSIGN_OR_RETURN(lhs, expr) \
+  LARDER_ASSIGN_OR_RETURN_IMPL_(LARDER_CONCAT_(larder_result_, __LINE__), lhs, expr)
+#define LARDER_ASSIGN_OR_RETURN_IMPL_(result, lhs, expr) \
+  auto result = (expr);                                  \
+  if (!result.ok()) return result.status();              \
+  lhs = std::move(result).value()

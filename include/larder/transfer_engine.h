@@ -1,0 +1,273 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// larder::TransferEngine moves bytes between a process's local memory and segments exported by
+// engines in this process, in other processes on this host, or on other hosts, over the fastest
+// route that reaches the owner:
+//
+//   RouteKind::kLocal        the segment belongs to this engine: memcpy.
+//   RouteKind::kSameHostShm  same host, other process: the owner's memfd is handed over a Unix
+//                            socket (SCM_RIGHTS), mapped MAP_SHARED here, then memcpy.
+//   RouteKind::kTcp          anything else (or when forced): the owner's TCP data server.
+//
+// Segments are addressed as (segment, offset), never by raw remote address, so every access is
+// bounds-checked against the segment's size on both ends.
+//
+// Typical use (initiator):
+//   LARDER_ASSIGN_OR_RETURN(auto engine, TransferEngine::Create({}));
+//   LARDER_ASSIGN_OR_RETURN(SegmentHandle seg, engine->OpenSegment("10.0.0.7:17001", "kv"));
+//   TransferRequest req{TransferOp::kRead, buf, seg, /*offset=*/0, /*length=*/4096};
+//   LARDER_ASSIGN_OR_RETURN(BatchId batch, engine->Submit({&req, 1}));
+//   LARDER_RETURN_IF_ERROR(engine->Wait(batch, std::chrono::seconds(1)));
+//   TransferResult result = engine->Results(batch).value()[0];
+//   LARDER_RETURN_IF_ERROR(engine->Release(batch));
+//
+// Typical use (target):
+//   auto memory = engine->AllocateSegmentMemory(1 << 30).value();   // memfd when shm is enabled
+//   SegmentId id = engine->RegisterSegment("kv", memory).value();
+//   // peers now open "<engine->address()>" / "kv".
+//
+// Thread safety: every method of TransferEngine may be called concurrently from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "larder/status.h"
+
+namespace larder {
+
+// Which engine a process is creating; selects the protocol variable that applies.
+enum class EngineRole {
+  kStandalone,  // PD transfers and standalone use: LARDER_PROTOCOL.
+  kStore,       // The store client's engine: LARDER_STORE_PROTOCOL, else LARDER_PROTOCOL.
+};
+
+enum class RouteKind : uint8_t {
+  kNone = 0,
+  kLocal = 1,
+  kSameHostShm = 2,
+  kTcp = 3,
+};
+
+// "local", "shm", "tcp" or "none".
+std::string_view RouteKindName(RouteKind route);
+
+// How a segment's memory was obtained; decides which routes can reach it.
+enum class MemoryKind : uint8_t {
+  kAnonymous = 0,  // private memory of the owner (malloc, mmap): local and tcp only.
+  kMemfd = 1,      // a sealed memfd: also mappable by same-host peers (shm).
+};
+
+std::string_view MemoryKindName(MemoryKind kind);
+
+// Memory owned by Larder and freed when the last reference goes away (munmap, close).
+class MemoryRegion {
+ public:
+  MemoryRegion(void* base, size_t size, MemoryKind kind, int fd, bool huge_pages);
+  ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  void* data() const { return base_; }
+  size_t size() const { return size_; }
+  MemoryKind kind() const { return kind_; }
+  // The memfd backing the region, or -1. Owned by the region.
+  int fd() const { return fd_; }
+  bool huge_pages() const { return huge_pages_; }
+
+ private:
+  void* base_;
+  size_t size_;
+  MemoryKind kind_;
+  int fd_;
+  bool huge_pages_;
+};
+
+// Identifies a segment inside its owner engine. Never reused by that engine.
+using SegmentId = uint64_t;
+// A segment opened by this engine (local view of a possibly remote segment).
+using SegmentHandle = uint64_t;
+// A submitted batch.
+using BatchId = uint64_t;
+
+// Everything a peer needs to reach a segment. Obtained from the owner (ListPeerSegments) or from
+// a metadata service; serializable to JSON.
+struct SegmentDescriptor {
+  SegmentId segment_id = 0;
+  std::string name;          // unique per owner engine
+  uint64_t epoch = 0;        // changes whenever an id would be re-registered
+  std::string engine_id;     // "<host_id>/<pid>/<nonce>"
+  std::string host_id;       // kernel boot id or LARDER_HOST_ID
+  std::string tcp_endpoint;  // "ip:port" of the owner's data server
+  std::string shm_socket;    // abstract Unix socket name for fd handoff; empty: no shm export
+  uint64_t size = 0;
+  MemoryKind memory_kind = MemoryKind::kAnonymous;
+
+  std::string ToJson() const;
+  static Result<SegmentDescriptor> FromJson(std::string_view json);
+};
+
+struct TransferEngineOptions {
+  // Which protocol variable applies when `protocol` is empty.
+  EngineRole role = EngineRole::kStandalone;
+  // "auto" (local, then shm, then tcp), one name ("local", "shm", "tcp"), or a comma list such as
+  // "shm,tcp". Empty: the role's environment variable (see docs/configuration.md), else "auto".
+  // "tcp" forces the network even between processes on one host.
+  std::string protocol;
+  // Address of this engine's TCP data server. Port 0 picks a free port. The server also answers
+  // descriptor queries from peers, so it always runs.
+  std::string listen_address = "127.0.0.1:0";
+  // Cluster secret. Empty: LARDER_AUTH_TOKEN, else none. When set, peers must prove it (HMAC
+  // challenge on tcp, on the shm handoff) and this engine proves it to peers.
+  std::string auth_token;
+  // Host identity. Empty: LARDER_HOST_ID, else the kernel boot id.
+  std::string host_id;
+  // Threads that stripe large same-host copies. 0: min(4, hardware threads).
+  size_t copy_threads = 0;
+  // Same-host batches up to this many bytes are copied inside Submit.
+  size_t inline_copy_bytes = 256 * 1024;
+  // TCP connections kept per peer; slices are spread over them.
+  size_t tcp_connections_per_peer = 4;
+  // Requests are cut into slices of at most this size (striping, pipelining, retry unit).
+  size_t slice_bytes = 4 * 1024 * 1024;
+  // Deadline of a request when Submit is given none.
+  std::chrono::milliseconds default_timeout = std::chrono::seconds(30);
+  // Largest batch Submit accepts.
+  size_t max_batch_requests = 65536;
+  // Ask for 2 MiB huge pages in AllocateSegmentMemory; falls back to normal pages when none free.
+  bool use_huge_pages = false;
+  // Uids allowed to map this engine's segments over shm. Empty: only this process's uid.
+  std::vector<uint32_t> shm_allowed_uids;
+  // When true, every local pointer must lie inside memory given to RegisterLocalMemory. (Transports
+  // that need native registration require it regardless.)
+  bool require_local_registration = false;
+};
+
+enum class TransferOp : uint8_t {
+  kRead = 0,   // segment -> local
+  kWrite = 1,  // local -> segment
+};
+
+struct TransferRequest {
+  TransferOp op = TransferOp::kRead;
+  void* local = nullptr;  // source (write) or destination (read); must stay valid until done
+  SegmentHandle segment = 0;
+  uint64_t offset = 0;  // inside the segment
+  uint64_t length = 0;  // bytes; must be > 0 and offset + length <= segment size
+};
+
+struct TransferResult {
+  Status status;               // of this request alone
+  uint64_t bytes = 0;          // bytes moved; equals length when status is OK
+  RouteKind route = RouteKind::kNone;  // route that moved the (last) bytes
+};
+
+class TransferEngine {
+ public:
+  // Creates an engine, starts its data server (and shm handoff server when shm is enabled).
+  // Fails with InvalidArgument for an unknown protocol name or a bad listen address, and with the
+  // OS error when the server cannot bind.
+  static Result<std::unique_ptr<TransferEngine>> Create(const TransferEngineOptions& options);
+
+  // Stops servers and transports. Pending batches fail with Cancelled.
+  virtual ~TransferEngine() = default;
+
+  // "<host_id>/<pid>/<nonce>".
+  virtual const std::string& id() const = 0;
+  virtual const std::string& host_id() const = 0;
+  // "ip:port" of the data server (the address peers use to open this engine's segments).
+  virtual std::string address() const = 0;
+  // Enabled routes in preference order, e.g. {kLocal, kSameHostShm, kTcp}.
+  virtual std::vector<RouteKind> routes() const = 0;
+
+  // ---- Memory and segments (target side) ----
+
+  // Allocates `size` bytes (rounded up to the page size) suited to export over the enabled routes:
+  // a sealed memfd when shm is enabled, anonymous memory otherwise. The memory is zeroed.
+  // Fails with InvalidArgument for size 0 and ResourceExhausted when memory is short.
+  virtual Result<std::shared_ptr<MemoryRegion>> AllocateSegmentMemory(size_t size) = 0;
+
+  // Exports `memory` as segment `name`; the engine keeps a reference until unregistered.
+  // Fails with AlreadyExists when `name` is taken.
+  virtual Result<SegmentId> RegisterSegment(std::string name,
+                                            std::shared_ptr<MemoryRegion> memory) = 0;
+  // Exports caller-owned memory (not mappable by same-host peers: they use tcp).
+  // REQUIRES: [base, base + size) stays valid until UnregisterSegment returns.
+  virtual Result<SegmentId> RegisterSegment(std::string name, void* base, size_t size) = 0;
+  // After this returns, no transfer touches the segment's memory. NotFound for unknown ids.
+  // Peers that mapped it keep valid (but no longer updated by new writers) memory.
+  virtual Status UnregisterSegment(SegmentId id) = 0;
+  // Descriptors of this engine's exported segments.
+  virtual std::vector<SegmentDescriptor> ListSegments() const = 0;
+
+  // ---- Local buffers (initiator side) ----
+
+  // Registers [ptr, ptr + size) as a source/destination of transfers. Overlapping registrations
+  // fail with AlreadyExists. Only required with require_local_registration or by transports that
+  // need native registration.
+  virtual Status RegisterLocalMemory(void* ptr, size_t size) = 0;
+  // NotFound when `ptr` does not start a registration.
+  virtual Status UnregisterLocalMemory(void* ptr) = 0;
+
+  // ---- Peers (initiator side) ----
+
+  // Fetches the segment descriptors that the engine at `address` ("ip:port") exports, from that
+  // engine itself. Unavailable when it cannot be reached; PermissionDenied on a token mismatch.
+  virtual Result<std::vector<SegmentDescriptor>> ListPeerSegments(const std::string& address,
+                                                                  std::chrono::milliseconds
+                                                                      timeout) = 0;
+  // Opens a segment and picks its route: local, then shm (confirmed by the fd handoff), then tcp,
+  // restricted to the enabled protocols. A failed shm handoff falls back to tcp (logged once per
+  // peer). NotFound when no enabled route reaches it.
+  virtual Result<SegmentHandle> OpenSegment(const SegmentDescriptor& descriptor) = 0;
+  // ListPeerSegments(address) then OpenSegment of the one named `name`.
+  virtual Result<SegmentHandle> OpenSegment(const std::string& address, const std::string& name) = 0;
+  virtual Status CloseSegment(SegmentHandle handle) = 0;
+  // The route requests to this segment take (fallbacks may still move a slice elsewhere).
+  virtual Result<RouteKind> SegmentRoute(SegmentHandle handle) const = 0;
+  virtual Result<SegmentDescriptor> SegmentInfo(SegmentHandle handle) const = 0;
+
+  // ---- Transfers ----
+
+  // Starts every request of the batch. Requests that are malformed (unknown segment, length 0,
+  // out-of-range or overflowing offsets, null pointer, unregistered local memory where required)
+  // complete at once with their own error; the others proceed. Small same-host batches complete
+  // before Submit returns. Each request must finish within `timeout` (0: default_timeout).
+  // Fails as a whole only for an empty or oversized batch (InvalidArgument).
+  // REQUIRES: local buffers stay valid and untouched until the batch is complete.
+  virtual Result<BatchId> Submit(std::span<const TransferRequest> requests,
+                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
+  // True when every request of the batch has finished. NotFound for unknown ids.
+  virtual Result<bool> Poll(BatchId batch) = 0;
+  // Blocks until the batch is complete (OK) or `timeout` passes (DeadlineExceeded; the batch keeps
+  // running and ends by its requests' deadlines). Inspect Results for per-request outcomes.
+  virtual Status Wait(BatchId batch, std::chrono::milliseconds timeout) = 0;
+  // Per-request outcomes, in submission order. FailedPrecondition while the batch is running.
+  virtual Result<std::vector<TransferResult>> Results(BatchId batch) = 0;
+  // OK when every request of the finished batch succeeded, else the first failed request's status
+  // (prefixed with its index). FailedPrecondition while running; NotFound for unknown ids.
+  virtual Status BatchStatus(BatchId batch) = 0;
+  // Frees the batch. FailedPrecondition while it is running; NotFound for unknown ids.
+  virtual Status Release(BatchId batch) = 0;
+
+  // Submit + Wait + Results + Release. Returns the per-request results, or the Submit/Wait error.
+  Result<std::vector<TransferResult>> TransferSync(std::span<const TransferRequest> requests,
+                                                   std::chrono::milliseconds timeout =
+                                                       std::chrono::milliseconds(0));
+};
+
+// The protocol string that applies to `role` given explicit config `configured` (wins when
+// non-empty) and the environment: LARDER_STORE_PROTOCOL (store role only, when non-empty), then
+// LARDER_PROTOCOL, then "auto". Never modifies the environment.
+std::string ResolveProtocol(EngineRole role, const std::string& configured);
+
+// Parses a protocol string into routes in preference order. InvalidArgument for unknown names.
+Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol);
+
+}  // namespace larder

@@ -1,0 +1,31 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Environment and configuration helpers shared by every component.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "larder/status.h"
+
+namespace larder {
+
+// The value of environment variable `name`, or "" when unset.
+std::string GetEnv(const char* name);
+
+// Parses a byte size: "4096", "4K", "64KiB", "4M", "1G", "2gb" (binary multiples, case-insensitive).
+// InvalidArgument for anything else, for zero when !allow_zero, and on overflow.
+Result<uint64_t> ParseByteSize(std::string_view text, bool allow_zero = false);
+
+// "4K", "64K", "4M", "1G" when exact, else bytes.
+std::string FormatByteSize(uint64_t bytes);
+
+// This machine's identity: LARDER_HOST_ID when set and non-empty, else the kernel boot id
+// (/proc/sys/kernel/random/boot_id). Never derived from hostnames or addresses.
+std::string DefaultHostId();
+
+// Random 64-bit value from the OS.
+uint64_t RandomU64();
+
+}  // namespace larder

@@ -1,0 +1,94 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Socket helpers: address parsing, TCP and abstract Unix sockets, deadline-bounded full reads and
+// writes, and fd passing (SCM_RIGHTS). Every OS error becomes a Status naming the peer or fd.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "larder/status.h"
+
+namespace larder {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// An owned file descriptor, closed on destruction. Move-only.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { Reset(); }
+  Fd(Fd&& other) noexcept : fd_(other.Release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = other.Release();
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset();
+
+ private:
+  int fd_ = -1;
+};
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const { return host + ":" + std::to_string(port); }
+};
+
+// Parses "ip:port" (IPv4 dotted quad or "localhost"). InvalidArgument otherwise.
+Result<HostPort> ParseHostPort(std::string_view address);
+
+// Binds and listens; port 0 picks a free port. Returns the socket.
+Result<Fd> TcpListen(const HostPort& address, int backlog = 128);
+// The port a bound socket listens on.
+Result<uint16_t> BoundPort(int fd);
+// Connects before `deadline`. Unavailable when refused or unreachable, DeadlineExceeded on timeout.
+// The socket gets TCP_NODELAY and large buffers.
+Result<Fd> TcpConnect(const HostPort& address, Deadline deadline);
+// Applies TCP_NODELAY and large socket buffers to an accepted socket.
+void TuneTcpSocket(int fd);
+
+// Listens on the abstract Unix socket `name` (no leading NUL; the namespace is per network
+// namespace, so peers in other network namespaces cannot reach it).
+Result<Fd> UnixListenAbstract(const std::string& name);
+Result<Fd> UnixConnectAbstract(const std::string& name, Deadline deadline);
+
+// Writes/reads exactly `len` bytes before `deadline`. A closed peer gives Unavailable naming `peer`.
+Status SendAll(int fd, const void* data, size_t len, Deadline deadline, std::string_view peer);
+Status SendAllV(int fd, struct iovec* iov, int iovcnt, Deadline deadline, std::string_view peer);
+Status RecvAll(int fd, void* data, size_t len, Deadline deadline, std::string_view peer);
+
+// Sends `len` bytes (one message on a Unix socket) carrying `pass_fd` when >= 0.
+Status SendWithFd(int fd, const void* data, size_t len, int pass_fd);
+// Receives exactly `len` bytes; any fd passed with them is returned in `received` (else invalid).
+Status RecvWithFd(int fd, void* data, size_t len, Fd* received, Deadline deadline,
+                  std::string_view peer);
+
+// HMAC-SHA256 of `data` under `key`.
+std::array<uint8_t, 32> HmacSha256(std::string_view key, const void* data, size_t len);
+// Constant-time equality of two 32-byte digests.
+bool DigestEqual(const uint8_t* a, const uint8_t* b);
+// Fills `out` with cryptographically random bytes.
+void RandomBytes(uint8_t* out, size_t len);
+
+}  // namespace larder

@@ -1,0 +1,48 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include "common/thread_pool.h"
+
+#include <pthread.h>
+
+namespace larder {
+
+ThreadPool::ThreadPool(size_t threads, std::string name) {
+  if (threads == 0) threads = 1;
+  for (size_t i = 0; i < threads; ++i) {
+    workers_.emplace_back([this] { Run(); });
+    std::string thread_name = (name + std::to_string(i)).substr(0, 15);
+    pthread_setname_np(workers_.back().native_handle(), thread_name.c_str());
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::Schedule(std::function<void()> task) {
+  {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void ThreadPool::Run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace larder

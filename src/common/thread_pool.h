@@ -1,0 +1,39 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// A fixed-size pool of worker threads running queued tasks in FIFO order.
+// Thread safety: Schedule may be called from any thread, including from inside a task.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace larder {
+
+class ThreadPool {
+ public:
+  // Starts `threads` workers (at least 1), named `name` for debuggers.
+  ThreadPool(size_t threads, std::string name);
+  // Runs every task already queued, then joins the workers.
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  void Schedule(std::function<void()> task);
+  size_t size() const { return workers_.size(); }
+
+ private:
+  void Run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace larder

@@ -1,0 +1,78 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Batch bookkeeping of the engine: per-request progress counters and the slot table that hands
+// out BatchIds without allocating on the hot path.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "larder/status.h"
+#include "larder/transfer_engine.h"
+#include "transfer/transport.h"
+
+namespace larder::transfer {
+
+struct OpenedSegment;
+
+struct RequestProgress {
+  std::atomic<uint32_t> pending_slices{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint8_t> route{0};
+  Status status;  // guarded by BatchState::mu
+};
+
+struct BatchState {
+  // Resets for `count` requests, keeping allocated capacity.
+  void Prepare(size_t count);
+
+  uint32_t generation = 0;
+  bool in_use = false;
+  size_t count = 0;
+  size_t capacity = 0;
+  std::unique_ptr<RequestProgress[]> progress;
+  std::vector<OpenedSegment*> request_segment;  // null for requests that failed validation
+  std::vector<Slice> slices;                    // never reallocated while the batch runs
+  std::vector<Slice*> dispatch;
+  std::vector<std::shared_ptr<OpenedSegment>> keepalive;
+  std::atomic<size_t> pending_requests{0};
+  std::atomic<int> waiters{0};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+// A tiny test-and-set lock for short critical sections on the submit path.
+class SpinLock {
+ public:
+  void lock() {
+    while (flag_.exchange(true, std::memory_order_acquire)) {
+      while (flag_.load(std::memory_order_relaxed)) {
+      }
+    }
+  }
+  void unlock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+// Hands out batch slots; a BatchId is (generation << 32 | index + 1), so stale ids are detected.
+class BatchTable {
+ public:
+  std::pair<BatchId, BatchState*> Acquire();
+  // Null when `id` is unknown or released.
+  BatchState* Find(BatchId id);
+  // NotFound for unknown ids, FailedPrecondition while running.
+  Status Release(BatchId id);
+
+ private:
+  SpinLock lock_;
+  std::vector<std::unique_ptr<BatchState>> slots_;  // guarded by lock_
+  std::vector<uint32_t> free_;                      // guarded by lock_
+};
+
+}  // namespace larder::transfer

@@ -1,0 +1,592 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "common/env.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/thread_pool.h"
+#include "transfer/batch.h"
+#include "transfer/engine_internal.h"
+#include "transfer/segment_exports.h"
+#include "transfer/tcp/tcp_client.h"
+#include "transfer/tcp/tcp_server.h"
+#include "transfer/transport_registry.h"
+
+namespace larder {
+namespace transfer {
+
+// A segment opened by this engine: its primary route and lazily opened fallbacks.
+struct OpenedSegment {
+  SegmentHandle handle = 0;
+  SegmentDescriptor descriptor;
+  struct Route {
+    Transport* transport = nullptr;
+    std::shared_ptr<RemoteSegment> remote;  // null until opened
+    bool failed = false;                    // open was tried and failed
+  };
+  // routes[0] is the primary and is immutable after open; later entries are guarded by mu.
+  std::vector<Route> routes;
+  std::mutex mu;
+};
+
+namespace {
+
+bool IsRetryable(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kUnavailable:
+    case StatusCode::kDataLoss:
+    case StatusCode::kInternal:
+    case StatusCode::kAborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string AdvertisedHost(const std::string& listen_host) {
+  if (listen_host != "0.0.0.0") return listen_host;
+  std::string chosen = "127.0.0.1";
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return chosen;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if ((a->ifa_flags & IFF_UP) == 0 || (a->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char ip[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, ip, sizeof(ip));
+    chosen = ip;
+    break;
+  }
+  freeifaddrs(list);
+  return chosen;
+}
+
+class Engine final : public TransferEngine, public SliceCallback {
+ public:
+  Engine(const TransferEngineOptions& options, std::vector<std::unique_ptr<Transport>> transports)
+      : options_(options), transports_(std::move(transports)) {}
+
+  ~Engine() override {
+    if (server_) server_->Stop();
+    for (auto& t : transports_) t->Stop();
+    copy_pool_.reset();  // finishes queued copies
+  }
+
+  Status Init();
+
+  const std::string& id() const override { return context_.engine_id; }
+  const std::string& host_id() const override { return context_.host_id; }
+  std::string address() const override { return context_.tcp_endpoint; }
+  std::vector<RouteKind> routes() const override {
+    std::vector<RouteKind> out;
+    for (const auto& t : transports_) out.push_back(t->route());
+    return out;
+  }
+
+  Result<std::shared_ptr<MemoryRegion>> AllocateSegmentMemory(size_t size) override;
+  Result<SegmentId> RegisterSegment(std::string name, std::shared_ptr<MemoryRegion> memory) override;
+  Result<SegmentId> RegisterSegment(std::string name, void* base, size_t size) override;
+  Status UnregisterSegment(SegmentId id) override;
+  std::vector<SegmentDescriptor> ListSegments() const override { return exports_.List(); }
+
+  Status RegisterLocalMemory(void* ptr, size_t size) override;
+  Status UnregisterLocalMemory(void* ptr) override;
+
+  Result<std::vector<SegmentDescriptor>> ListPeerSegments(const std::string& address,
+                                                          std::chrono::milliseconds timeout) override;
+  Result<SegmentHandle> OpenSegment(const SegmentDescriptor& descriptor) override;
+  Result<SegmentHandle> OpenSegment(const std::string& address, const std::string& name) override;
+  Status CloseSegment(SegmentHandle handle) override;
+  Result<RouteKind> SegmentRoute(SegmentHandle handle) const override;
+  Result<SegmentDescriptor> SegmentInfo(SegmentHandle handle) const override;
+
+  Result<BatchId> Submit(std::span<const TransferRequest> requests,
+                         std::chrono::milliseconds timeout) override;
+  Result<bool> Poll(BatchId batch) override;
+  Status Wait(BatchId batch, std::chrono::milliseconds timeout) override;
+  Result<std::vector<TransferResult>> Results(BatchId batch) override;
+  Status BatchStatus(BatchId batch) override;
+  Status Release(BatchId batch) override { return batches_.Release(batch); }
+
+  void OnSliceDone(Slice* slice, Status status) override;
+
+ private:
+  std::shared_ptr<OpenedSegment> FindOpened(SegmentHandle handle) const {
+    std::shared_lock lock(opened_mu_);
+    auto it = opened_.find(handle);
+    return it == opened_.end() ? nullptr : it->second;
+  }
+  Status ValidateRequest(const TransferRequest& r, const OpenedSegment* segment) const;
+  bool LocalRangeRegistered(const void* ptr, uint64_t length) const;
+  // Opens the next route after `attempt` for a retry; null when there is none.
+  OpenedSegment::Route* NextRoute(OpenedSegment* segment, uint32_t* attempt);
+  void FinishSlice(BatchState* batch, Slice* slice, const Status& status, RouteKind route);
+
+  TransferEngineOptions options_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  EngineContext context_;
+  SegmentExports exports_;
+  std::unique_ptr<ThreadPool> copy_pool_;
+  std::unique_ptr<tcp::TcpDataServer> server_;
+  bool check_local_registration_ = false;
+
+  mutable std::shared_mutex opened_mu_;
+  std::unordered_map<SegmentHandle, std::shared_ptr<OpenedSegment>> opened_;  // guarded
+  SegmentHandle next_handle_ = 1;                                             // guarded
+
+  mutable std::shared_mutex local_mu_;
+  std::map<uintptr_t, uint64_t> local_regions_;  // start -> length, guarded by local_mu_
+
+  BatchTable batches_;
+};
+
+Status Engine::Init() {
+  context_.host_id = options_.host_id.empty() ? DefaultHostId() : options_.host_id;
+  context_.auth_token =
+      options_.auth_token.empty() ? GetEnv("LARDER_AUTH_TOKEN") : options_.auth_token;
+  char nonce[17];
+  snprintf(nonce, sizeof(nonce), "%016llx", static_cast<unsigned long long>(RandomU64()));
+  context_.engine_id = context_.host_id + "/" + std::to_string(getpid()) + "/" + nonce;
+  context_.options = &options_;
+  context_.exports = &exports_;
+  if (options_.slice_bytes == 0) return InvalidArgumentError("slice_bytes must be > 0");
+  if (options_.slice_bytes > (64ULL << 20)) {
+    return InvalidArgumentError("slice_bytes must be at most 64 MiB");
+  }
+  size_t threads = options_.copy_threads;
+  if (threads == 0) threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 4);
+  copy_pool_ = std::make_unique<ThreadPool>(threads, "larder-copy");
+  context_.copy_pool = copy_pool_.get();
+
+  LARDER_ASSIGN_OR_RETURN(HostPort listen, ParseHostPort(options_.listen_address));
+  server_ = std::make_unique<tcp::TcpDataServer>(context_);
+  LARDER_RETURN_IF_ERROR(server_->Start(listen));
+  context_.tcp_endpoint = AdvertisedHost(listen.host) + ":" + std::to_string(server_->port());
+
+  check_local_registration_ = options_.require_local_registration;
+  std::string names;
+  for (auto& t : transports_) {
+    LARDER_RETURN_IF_ERROR(t->Start(context_).WithContext("starting transport " + std::string(t->name())));
+    check_local_registration_ |= t->caps().needs_local_registration;
+    names += (names.empty() ? "" : ",") + std::string(t->name());
+  }
+  Log().info("engine {} up: data server {}, routes [{}]", context_.engine_id, context_.tcp_endpoint,
+             names);
+  return Status();
+}
+
+Result<std::shared_ptr<MemoryRegion>> Engine::AllocateSegmentMemory(size_t size) {
+  if (size == 0) return InvalidArgumentError("segment size must be > 0");
+  Transport* chosen = nullptr;
+  for (auto& t : transports_) {
+    if (!t->caps().allocates_exportable_memory) continue;
+    // A memfd reaches every route, so shm's allocator wins whenever shm is enabled.
+    if (chosen == nullptr || t->route() == RouteKind::kSameHostShm) chosen = t.get();
+  }
+  if (chosen == nullptr) {
+    return FailedPreconditionError("no enabled transport can allocate segment memory");
+  }
+  return chosen->Allocate(size, options_.use_huge_pages);
+}
+
+Result<SegmentId> Engine::RegisterSegment(std::string name, std::shared_ptr<MemoryRegion> memory) {
+  if (!memory) return InvalidArgumentError("segment '" + name + "' has no memory");
+  SegmentDescriptor d;
+  d.name = std::move(name);
+  d.engine_id = context_.engine_id;
+  d.host_id = context_.host_id;
+  d.tcp_endpoint = context_.tcp_endpoint;
+  d.size = memory->size();
+  d.memory_kind = memory->kind();
+  for (auto& t : transports_) t->Describe(&d);
+  auto* base = static_cast<uint8_t*>(memory->data());
+  std::string label = d.name;
+  LARDER_ASSIGN_OR_RETURN(SegmentId id, exports_.Add(std::move(d), base, std::move(memory)));
+  Log().info("exported segment '{}' (id {}) from engine {}", label, id, context_.engine_id);
+  return id;
+}
+
+Result<SegmentId> Engine::RegisterSegment(std::string name, void* base, size_t size) {
+  if (base == nullptr || size == 0) {
+    return InvalidArgumentError("segment '" + name + "' needs a non-null base and size > 0");
+  }
+  SegmentDescriptor d;
+  d.name = std::move(name);
+  d.engine_id = context_.engine_id;
+  d.host_id = context_.host_id;
+  d.tcp_endpoint = context_.tcp_endpoint;
+  d.size = size;
+  d.memory_kind = MemoryKind::kAnonymous;
+  return exports_.Add(std::move(d), static_cast<uint8_t*>(base), nullptr);
+}
+
+Status Engine::UnregisterSegment(SegmentId id) { return exports_.Remove(id); }
+
+Status Engine::RegisterLocalMemory(void* ptr, size_t size) {
+  if (ptr == nullptr || size == 0) return InvalidArgumentError("local memory needs a pointer and size > 0");
+  auto start = reinterpret_cast<uintptr_t>(ptr);
+  if (start > UINTPTR_MAX - size) return InvalidArgumentError("local memory range overflows");
+  std::unique_lock lock(local_mu_);
+  auto next = local_regions_.lower_bound(start);
+  if (next != local_regions_.end() && next->first < start + size) {
+    return AlreadyExistsError("local memory overlaps a registration");
+  }
+  if (next != local_regions_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second > start) return AlreadyExistsError("local memory overlaps a registration");
+  }
+  for (auto& t : transports_) LARDER_RETURN_IF_ERROR(t->RegisterLocalMemory(ptr, size));
+  local_regions_.emplace(start, size);
+  return Status();
+}
+
+Status Engine::UnregisterLocalMemory(void* ptr) {
+  std::unique_lock lock(local_mu_);
+  auto it = local_regions_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == local_regions_.end()) return NotFoundError("no local memory registered at that address");
+  for (auto& t : transports_) LARDER_RETURN_IF_ERROR(t->UnregisterLocalMemory(ptr));
+  local_regions_.erase(it);
+  return Status();
+}
+
+bool Engine::LocalRangeRegistered(const void* ptr, uint64_t length) const {
+  auto start = reinterpret_cast<uintptr_t>(ptr);
+  std::shared_lock lock(local_mu_);
+  auto it = local_regions_.upper_bound(start);
+  if (it == local_regions_.begin()) return false;
+  --it;
+  return start >= it->first && start - it->first <= it->second &&
+         length <= it->second - (start - it->first);
+}
+
+Result<std::vector<SegmentDescriptor>> Engine::ListPeerSegments(const std::string& address,
+                                                                std::chrono::milliseconds timeout) {
+  LARDER_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address));
+  return tcp::FetchDescriptors(hp, context_.auth_token, Clock::now() + timeout);
+}
+
+Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
+  auto opened = std::make_shared<OpenedSegment>();
+  opened->descriptor = descriptor;
+  Status last;
+  for (auto& t : transports_) {
+    if (!t->CanReach(descriptor)) continue;
+    if (opened->routes.empty()) {
+      auto remote = t->Open(descriptor);
+      if (!remote.ok()) {
+        last = remote.status();
+        if (t->route() == RouteKind::kSameHostShm) {
+          WarnOnce("shm-fallback/" + descriptor.engine_id,
+                   "shm handoff to engine " + descriptor.engine_id + " failed (" +
+                       last.ToString() + "); falling back to the next route");
+        }
+        continue;
+      }
+      opened->routes.push_back({t.get(), std::move(remote).value(), false});
+    } else {
+      opened->routes.push_back({t.get(), nullptr, false});  // fallback, opened on first need
+    }
+  }
+  if (opened->routes.empty()) {
+    if (!last.ok()) return last;
+    return NotFoundError("no enabled route reaches segment '" + descriptor.name + "' of engine " +
+                         descriptor.engine_id);
+  }
+  std::unique_lock lock(opened_mu_);
+  opened->handle = next_handle_++;
+  opened_[opened->handle] = opened;
+  Log().info("segment '{}' of engine {}: route {}", descriptor.name, descriptor.engine_id,
+             RouteKindName(opened->routes[0].transport->route()));
+  return opened->handle;
+}
+
+Result<SegmentHandle> Engine::OpenSegment(const std::string& address, const std::string& name) {
+  LARDER_ASSIGN_OR_RETURN(auto descriptors, ListPeerSegments(address, std::chrono::seconds(5)));
+  std::string names;
+  for (const auto& d : descriptors) {
+    if (d.name == name) return OpenSegment(d);
+    names += (names.empty() ? "" : ", ") + d.name;
+  }
+  return NotFoundError("engine at " + address + " exports no segment '" + name + "' (it has: " +
+                       (names.empty() ? "none" : names) + ")");
+}
+
+Status Engine::CloseSegment(SegmentHandle handle) {
+  std::unique_lock lock(opened_mu_);
+  if (opened_.erase(handle) == 0) return NotFoundError("no open segment handle " + std::to_string(handle));
+  return Status();
+}
+
+Result<RouteKind> Engine::SegmentRoute(SegmentHandle handle) const {
+  auto s = FindOpened(handle);
+  if (!s) return NotFoundError("no open segment handle " + std::to_string(handle));
+  return s->routes[0].transport->route();
+}
+
+Result<SegmentDescriptor> Engine::SegmentInfo(SegmentHandle handle) const {
+  auto s = FindOpened(handle);
+  if (!s) return NotFoundError("no open segment handle " + std::to_string(handle));
+  return s->descriptor;
+}
+
+Status Engine::ValidateRequest(const TransferRequest& r, const OpenedSegment* segment) const {
+  if (segment == nullptr) {
+    return NotFoundError("no open segment handle " + std::to_string(r.segment));
+  }
+  if (r.local == nullptr) return InvalidArgumentError("null local buffer");
+  if (r.op != TransferOp::kRead && r.op != TransferOp::kWrite) {
+    return InvalidArgumentError("unknown transfer op");
+  }
+  LARDER_RETURN_IF_ERROR(SegmentExports::CheckRange(segment->descriptor, r.offset, r.length));
+  if (reinterpret_cast<uintptr_t>(r.local) > UINTPTR_MAX - r.length) {
+    return InvalidArgumentError("local buffer range overflows");
+  }
+  if (check_local_registration_ && !LocalRangeRegistered(r.local, r.length)) {
+    return FailedPreconditionError("local buffer [" + std::to_string(reinterpret_cast<uintptr_t>(r.local)) +
+                                   ", +" + std::to_string(r.length) +
+                                   ") is not inside registered local memory");
+  }
+  return Status();
+}
+
+Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
+                               std::chrono::milliseconds timeout) {
+  if (requests.empty()) return InvalidArgumentError("empty batch");
+  if (requests.size() > options_.max_batch_requests) {
+    return InvalidArgumentError("batch of " + std::to_string(requests.size()) +
+                                " requests exceeds max_batch_requests (" +
+                                std::to_string(options_.max_batch_requests) + ")");
+  }
+  Deadline deadline = Clock::now() + (timeout.count() > 0 ? timeout : options_.default_timeout);
+  auto [id, batch] = batches_.Acquire();
+  batch->Prepare(requests.size());
+
+  // Pass 1: validate and count, so every counter is final before the first slice can complete.
+  size_t valid = 0, total_slices = 0;
+  std::shared_ptr<OpenedSegment> segment;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TransferRequest& r = requests[i];
+    if (!segment || segment->handle != r.segment) segment = FindOpened(r.segment);
+    Status st = ValidateRequest(r, segment.get());
+    if (!st.ok()) {
+      batch->progress[i].status = st.WithContext("request " + std::to_string(i));
+      continue;
+    }
+    uint64_t slices = (r.length + options_.slice_bytes - 1) / options_.slice_bytes;
+    batch->progress[i].pending_slices.store(static_cast<uint32_t>(slices), std::memory_order_relaxed);
+    total_slices += slices;
+    ++valid;
+    batch->request_segment[i] = segment.get();
+    if (batch->keepalive.empty() || batch->keepalive.back() != segment) batch->keepalive.push_back(segment);
+  }
+  batch->pending_requests.store(valid);
+  if (valid == 0) return id;
+
+  // Pass 2: cut slices, then hand each run of requests on one segment to its primary route.
+  batch->slices.reserve(total_slices);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (batch->request_segment[i] == nullptr) continue;
+    const TransferRequest& r = requests[i];
+    for (uint64_t off = 0; off < r.length; off += options_.slice_bytes) {
+      Slice s;
+      s.op = r.op;
+      s.local = static_cast<uint8_t*>(r.local) + off;
+      s.offset = r.offset + off;
+      s.length = std::min<uint64_t>(options_.slice_bytes, r.length - off);
+      s.deadline = deadline;
+      s.batch = batch;
+      s.request = static_cast<uint32_t>(i);
+      batch->slices.push_back(s);
+    }
+  }
+  size_t next_slice = 0;
+  size_t i = 0;
+  while (i < requests.size()) {
+    OpenedSegment* seg = batch->request_segment[i];
+    if (seg == nullptr) {
+      ++i;
+      continue;
+    }
+    batch->dispatch.clear();
+    for (; i < requests.size() && (batch->request_segment[i] == seg || batch->request_segment[i] == nullptr); ++i) {
+      if (batch->request_segment[i] == nullptr) continue;
+      uint64_t n = (requests[i].length + options_.slice_bytes - 1) / options_.slice_bytes;
+      for (uint64_t k = 0; k < n; ++k) batch->dispatch.push_back(&batch->slices[next_slice++]);
+    }
+    // Transports copy what they keep of the span; no one else can reach this batch before
+    // Submit returns its id, so reusing `dispatch` for the next run is safe.
+    OpenedSegment::Route& primary = seg->routes[0];
+    primary.transport->Submit(*primary.remote, batch->dispatch, this);
+  }
+  return id;
+}
+
+OpenedSegment::Route* Engine::NextRoute(OpenedSegment* segment, uint32_t* attempt) {
+  std::lock_guard lock(segment->mu);
+  for (uint32_t next = *attempt + 1; next < segment->routes.size(); ++next) {
+    OpenedSegment::Route& route = segment->routes[next];
+    if (route.failed) continue;
+    if (!route.remote) {
+      auto remote = route.transport->Open(segment->descriptor);
+      if (!remote.ok()) {
+        route.failed = true;
+        Log().warn("fallback route {} to segment '{}' failed to open: {}", route.transport->name(),
+                   segment->descriptor.name, remote.status().ToString());
+        continue;
+      }
+      route.remote = std::move(remote).value();
+    }
+    *attempt = next;
+    return &route;
+  }
+  return nullptr;
+}
+
+void Engine::OnSliceDone(Slice* slice, Status status) {
+  auto* batch = static_cast<BatchState*>(slice->batch);
+  OpenedSegment* segment = batch->request_segment[slice->request];
+  RouteKind route = segment->routes[slice->attempt].transport->route();
+  if (!status.ok() && IsRetryable(status) && Clock::now() < slice->deadline) {
+    uint32_t attempt = slice->attempt;
+    if (OpenedSegment::Route* next = NextRoute(segment, &attempt)) {
+      WarnOnce("retry/" + segment->descriptor.engine_id + "/" + std::string(next->transport->name()),
+               "slice to segment '" + segment->descriptor.name + "' failed on " +
+                   std::string(RouteKindName(route)) + " (" + status.ToString() +
+                   "); retrying on " + std::string(next->transport->name()));
+      slice->attempt = attempt;
+      Slice* one[1] = {slice};
+      next->transport->Submit(*next->remote, one, this);
+      return;
+    }
+  }
+  FinishSlice(batch, slice, status, route);
+}
+
+void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status, RouteKind route) {
+  RequestProgress& p = batch->progress[slice->request];
+  if (status.ok()) {
+    p.bytes.fetch_add(slice->length, std::memory_order_relaxed);
+    p.route.store(static_cast<uint8_t>(route), std::memory_order_relaxed);
+  } else {
+    std::lock_guard lock(batch->mu);
+    if (p.status.ok()) {
+      p.status = status.WithContext("request " + std::to_string(slice->request) + " via " +
+                                    std::string(RouteKindName(route)));
+    }
+  }
+  if (p.pending_slices.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (batch->pending_requests.fetch_sub(1) != 1) return;
+  if (batch->waiters.load() > 0) {
+    std::lock_guard lock(batch->mu);
+    batch->cv.notify_all();
+  }
+}
+
+Result<bool> Engine::Poll(BatchId id) {
+  BatchState* batch = batches_.Find(id);
+  if (batch == nullptr) return NotFoundError("no batch " + std::to_string(id));
+  return batch->pending_requests.load() == 0;
+}
+
+Status Engine::Wait(BatchId id, std::chrono::milliseconds timeout) {
+  BatchState* batch = batches_.Find(id);
+  if (batch == nullptr) return NotFoundError("no batch " + std::to_string(id));
+  if (batch->pending_requests.load() == 0) return Status();
+  batch->waiters.fetch_add(1);
+  bool done;
+  {
+    std::unique_lock lock(batch->mu);
+    done = batch->cv.wait_for(lock, timeout, [&] { return batch->pending_requests.load() == 0; });
+  }
+  batch->waiters.fetch_sub(1);
+  if (done) return Status();
+  return DeadlineExceededError("batch " + std::to_string(id) + ": " +
+                               std::to_string(batch->pending_requests.load()) + " of " +
+                               std::to_string(batch->count) + " requests still running after " +
+                               std::to_string(timeout.count()) + " ms");
+}
+
+Result<std::vector<TransferResult>> Engine::Results(BatchId id) {
+  BatchState* batch = batches_.Find(id);
+  if (batch == nullptr) return NotFoundError("no batch " + std::to_string(id));
+  if (batch->pending_requests.load() != 0) {
+    return FailedPreconditionError("batch " + std::to_string(id) + " is still running");
+  }
+  std::vector<TransferResult> out(batch->count);
+  std::lock_guard lock(batch->mu);
+  for (size_t i = 0; i < batch->count; ++i) {
+    out[i].status = batch->progress[i].status;
+    out[i].bytes = batch->progress[i].bytes.load(std::memory_order_relaxed);
+    out[i].route = static_cast<RouteKind>(batch->progress[i].route.load(std::memory_order_relaxed));
+  }
+  return out;
+}
+
+Status Engine::BatchStatus(BatchId id) {
+  BatchState* batch = batches_.Find(id);
+  if (batch == nullptr) return NotFoundError("no batch " + std::to_string(id));
+  if (batch->pending_requests.load() != 0) {
+    return FailedPreconditionError("batch " + std::to_string(id) + " is still running");
+  }
+  std::lock_guard lock(batch->mu);
+  for (size_t i = 0; i < batch->count; ++i) {
+    if (!batch->progress[i].status.ok()) return batch->progress[i].status;
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::vector<std::unique_ptr<Transport>>> CreateTransports(const std::vector<RouteKind>& routes) {
+  std::vector<std::unique_ptr<Transport>> transports;
+  for (RouteKind route : routes) {
+    const TransportFactory* factory = TransportRegistry::Global().Find(route);
+    if (factory == nullptr) {
+      return UnimplementedError("no transport for route " + std::string(RouteKindName(route)) +
+                                " is built into this binary");
+    }
+    transports.push_back(factory->create());
+  }
+  return transports;
+}
+
+Result<std::unique_ptr<TransferEngine>> CreateEngineWithTransports(
+    const TransferEngineOptions& options, std::vector<std::unique_ptr<Transport>> transports) {
+  if (transports.empty()) return InvalidArgumentError("an engine needs at least one transport");
+  auto engine = std::make_unique<Engine>(options, std::move(transports));
+  LARDER_RETURN_IF_ERROR(engine->Init());
+  return std::unique_ptr<TransferEngine>(std::move(engine));
+}
+
+}  // namespace transfer
+
+Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(const TransferEngineOptions& options) {
+  std::string protocol = ResolveProtocol(options.role, options.protocol);
+  LARDER_ASSIGN_OR_RETURN(auto routes, ParseProtocol(protocol));
+  LARDER_ASSIGN_OR_RETURN(auto transports, transfer::CreateTransports(routes));
+  return transfer::CreateEngineWithTransports(options, std::move(transports));
+}
+
+Result<std::vector<TransferResult>> TransferEngine::TransferSync(
+    std::span<const TransferRequest> requests, std::chrono::milliseconds timeout) {
+  LARDER_ASSIGN_OR_RETURN(BatchId batch, Submit(requests, timeout));
+  // Requests end by their own deadlines; the extra second covers the last slice's bookkeeping.
+  auto wait = (timeout.count() > 0 ? timeout : std::chrono::milliseconds(3600 * 1000)) +
+              std::chrono::seconds(1);
+  LARDER_RETURN_IF_ERROR(Wait(batch, wait));
+  auto results = Results(batch);
+  LARDER_RETURN_IF_ERROR(Release(batch));
+  return results;
+}
+
+}  // namespace larder

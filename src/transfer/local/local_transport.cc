@@ -1,0 +1,68 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include "transfer/local/local_transport.h"
+
+#include <cstring>
+
+#include "common/memory.h"
+#include "transfer/copy_executor.h"
+#include "transfer/segment_exports.h"
+#include "transfer/transport_registry.h"
+
+namespace larder::transfer {
+namespace {
+
+class LocalTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "local"; }
+  RouteKind route() const override { return RouteKind::kLocal; }
+  TransportCaps caps() const override { return {.allocates_exportable_memory = true}; }
+
+  Status Start(const EngineContext& context) override {
+    context_ = context;
+    return Status();
+  }
+
+  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) override {
+    return AllocateAnonymous(size, huge_pages);
+  }
+
+  bool CanReach(const SegmentDescriptor& descriptor) const override {
+    return descriptor.engine_id == context_.engine_id;
+  }
+
+  Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override {
+    if (!CanReach(descriptor)) {
+      return FailedPreconditionError("segment '" + descriptor.name + "' belongs to engine " +
+                                     descriptor.engine_id + ", not this one");
+    }
+    LARDER_ASSIGN_OR_RETURN(ExportedSegment exported,
+                            context_.exports->Get(descriptor.segment_id));
+    if (exported.descriptor.epoch != descriptor.epoch) {
+      return NotFoundError("segment '" + descriptor.name + "' was re-registered (stale descriptor)");
+    }
+    return std::make_shared<RemoteSegment>(descriptor);
+  }
+
+  void Submit(RemoteSegment& segment, std::span<Slice* const> slices,
+              SliceCallback* done) override {
+    SegmentId id = segment.descriptor().segment_id;
+    const SegmentExports* exports = context_.exports;
+    // Access() holds the exports' shared lock during each copy, so UnregisterSegment waits for it.
+    ExecuteCopies(context_.copy_pool, context_.options->inline_copy_bytes, slices, done,
+                  [exports, id](Slice* s) {
+                    return exports->Access(id, s->offset, s->length,
+                                           [s](uint8_t* address) { CopySlice(*s, address); });
+                  });
+  }
+
+ private:
+  EngineContext context_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> CreateLocalTransport() { return std::make_unique<LocalTransport>(); }
+
+LARDER_REGISTER_TRANSPORT(local, RouteKind::kLocal, CreateLocalTransport);
+
+}  // namespace larder::transfer

@@ -1,0 +1,288 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include "transfer/tcp/tcp_client.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+#include "transfer/tcp/tcp_frame.h"
+
+namespace larder::transfer::tcp {
+namespace {
+
+constexpr size_t kPipelineDepth = 16;
+constexpr uint64_t kPipelineBytes = 32ULL << 20;
+constexpr auto kConnectTimeout = std::chrono::seconds(5);
+constexpr auto kBackoffBase = std::chrono::milliseconds(100);
+constexpr auto kBackoffMax = std::chrono::milliseconds(5000);
+
+Status SendFrame(int fd, const FrameHeader& h, const void* payload, size_t len, Deadline deadline,
+                 const std::string& peer) {
+  uint8_t header[kFrameHeaderSize];
+  EncodeHeader(h, header);
+  iovec iov[2] = {{header, sizeof(header)}, {const_cast<void*>(payload), len}};
+  return SendAllV(fd, iov, len ? 2 : 1, deadline, peer);
+}
+
+Status RecvHeader(int fd, FrameHeader* h, Deadline deadline, const std::string& peer) {
+  uint8_t raw[kFrameHeaderSize];
+  LARDER_RETURN_IF_ERROR(RecvAll(fd, raw, sizeof(raw), deadline, peer));
+  Status s = DecodeHeader(raw, h);
+  if (!s.ok()) return DataLossError("peer " + peer + " sent a malformed frame: " + s.message());
+  return Status();
+}
+
+// Reads the message of an error frame and turns it into a Status.
+Status RecvErrorFrame(int fd, const FrameHeader& h, Deadline deadline, const std::string& peer) {
+  if (h.length > kMaxControlPayload) return DataLossError("oversized error frame from " + peer);
+  std::string message(h.length, '\0');
+  LARDER_RETURN_IF_ERROR(RecvAll(fd, message.data(), message.size(), deadline, peer));
+  return ErrorFrameStatus(h.code, "peer " + peer + ": " + message);
+}
+
+}  // namespace
+
+Result<Fd> ConnectAndAuthenticate(const HostPort& address, const std::string& token,
+                                  Deadline deadline) {
+  std::string peer = address.ToString();
+  auto conn = TcpConnect(address, deadline);
+  if (!conn.ok()) {
+    return Status(conn.status().code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded
+                                                                         : StatusCode::kUnavailable,
+                  "peer " + peer + " unreachable: " + conn.status().message());
+  }
+  int fd = conn->get();
+  FrameHeader hello;
+  LARDER_RETURN_IF_ERROR(RecvHeader(fd, &hello, deadline, peer));
+  if (hello.type == FrameType::kError) return RecvErrorFrame(fd, hello, deadline, peer);
+  if (hello.type != FrameType::kHello) return DataLossError("peer " + peer + " did not greet");
+  if (hello.flags & kFlagNeedAuth) {
+    uint8_t nonce[32];
+    if (hello.length != sizeof(nonce)) return DataLossError("bad hello from " + peer);
+    LARDER_RETURN_IF_ERROR(RecvAll(fd, nonce, sizeof(nonce), deadline, peer));
+    if (token.empty()) {
+      return PermissionDeniedError("peer " + peer +
+                                   " requires a cluster token and none is configured");
+    }
+    auto mac = HmacSha256(token, nonce, sizeof(nonce));
+    FrameHeader auth;
+    auth.type = FrameType::kAuth;
+    auth.length = mac.size();
+    LARDER_RETURN_IF_ERROR(SendFrame(fd, auth, mac.data(), mac.size(), deadline, peer));
+    FrameHeader reply;
+    LARDER_RETURN_IF_ERROR(RecvHeader(fd, &reply, deadline, peer));
+    if (reply.type == FrameType::kError) return RecvErrorFrame(fd, reply, deadline, peer);
+    if (reply.type != FrameType::kAuthOk) return DataLossError("bad auth reply from " + peer);
+  } else if (hello.length != 0) {
+    return DataLossError("bad hello from " + peer);
+  }
+  return std::move(conn).value();
+}
+
+Result<std::vector<SegmentDescriptor>> FetchDescriptors(const HostPort& address,
+                                                        const std::string& token,
+                                                        Deadline deadline) {
+  std::string peer = address.ToString();
+  LARDER_ASSIGN_OR_RETURN(Fd fd, ConnectAndAuthenticate(address, token, deadline));
+  FrameHeader ask;
+  ask.type = FrameType::kDescribe;
+  LARDER_RETURN_IF_ERROR(SendFrame(fd.get(), ask, nullptr, 0, deadline, peer));
+  FrameHeader reply;
+  LARDER_RETURN_IF_ERROR(RecvHeader(fd.get(), &reply, deadline, peer));
+  if (reply.type == FrameType::kError) return RecvErrorFrame(fd.get(), reply, deadline, peer);
+  if (reply.type != FrameType::kDescribeReply || reply.length > kMaxControlPayload) {
+    return DataLossError("bad describe reply from " + peer);
+  }
+  std::string body(reply.length, '\0');
+  LARDER_RETURN_IF_ERROR(RecvAll(fd.get(), body.data(), body.size(), deadline, peer));
+  auto list = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!list.is_array()) return DataLossError("describe reply from " + peer + " is not a list");
+  std::vector<SegmentDescriptor> out;
+  for (const auto& item : list) {
+    LARDER_ASSIGN_OR_RETURN(SegmentDescriptor d, SegmentDescriptor::FromJson(item.dump()));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+TcpPeer::TcpPeer(HostPort address, std::string token, size_t connections)
+    : address_(std::move(address)),
+      token_(std::move(token)),
+      name_(address_.ToString()),
+      connections_(std::max<size_t>(1, connections)) {}
+
+TcpPeer::~TcpPeer() { Stop(); }
+
+void TcpPeer::Enqueue(uint64_t segment_id, std::span<Slice* const> slices, SliceCallback* done) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      for (Slice* s : slices) queue_.push_back({s, segment_id, done});
+      while (workers_.size() < connections_) workers_.emplace_back([this] { Worker(); });
+      cv_.notify_all();
+      return;
+    }
+  }
+  for (Slice* s : slices) done->OnSliceDone(s, CancelledError("engine is shutting down"));
+}
+
+void TcpPeer::Stop() {
+  std::vector<std::thread> workers;
+  std::deque<Job> orphans;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    workers.swap(workers_);
+    orphans.swap(queue_);
+  }
+  cv_.notify_all();
+  for (auto& j : orphans) j.done->OnSliceDone(j.slice, CancelledError("engine is shutting down"));
+  for (auto& t : workers) t.join();
+}
+
+Status TcpPeer::CheckBackoff() {
+  std::lock_guard lock(mu_);
+  if (failures_ > 0 && Clock::now() < retry_after_) {
+    return UnavailableError("peer " + name_ + " is backed off after " + std::to_string(failures_) +
+                            " failed attempt(s); last: " + last_failure_.ToString());
+  }
+  return Status();
+}
+
+void TcpPeer::RecordFailure(const Status& status) {
+  std::lock_guard lock(mu_);
+  ++failures_;
+  auto backoff = kBackoffBase * (1 << std::min(failures_ - 1, 6));
+  retry_after_ = Clock::now() + std::min<Clock::duration>(backoff, kBackoffMax);
+  last_failure_ = status;
+  if (failures_ == 1) Log().warn("tcp peer {} failed: {}", name_, status.ToString());
+}
+
+void TcpPeer::RecordSuccess() {
+  std::lock_guard lock(mu_);
+  failures_ = 0;
+}
+
+void TcpPeer::Worker() {
+  Fd conn;
+  std::vector<Job> jobs;
+  for (;;) {
+    jobs.clear();
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      uint64_t bytes = 0;
+      while (!queue_.empty() && jobs.size() < kPipelineDepth && bytes < kPipelineBytes) {
+        bytes += queue_.front().slice->length;
+        jobs.push_back(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    RunJobs(&conn, jobs);
+  }
+}
+
+void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
+  auto fail_from = [&](size_t first, const Status& status) {
+    for (size_t i = first; i < jobs.size(); ++i) jobs[i].done->OnSliceDone(jobs[i].slice, status);
+  };
+  if (!conn->valid()) {
+    if (Status s = CheckBackoff(); !s.ok()) return fail_from(0, s);
+    Deadline deadline = Clock::now() + kConnectTimeout;
+    for (const Job& j : jobs) deadline = std::min(deadline, j.slice->deadline);
+    auto connected = ConnectAndAuthenticate(address_, token_, deadline);
+    if (!connected.ok()) {
+      RecordFailure(connected.status());
+      return fail_from(0, connected.status());
+    }
+    RecordSuccess();
+    *conn = std::move(connected).value();
+  }
+  int fd = conn->get();
+  Deadline now = Clock::now();
+  // Send phase: every request of the window goes out before any reply is read.
+  std::vector<bool> sent(jobs.size(), false);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Slice* s = jobs[i].slice;
+    if (now >= s->deadline) continue;
+    FrameHeader h;
+    h.type = s->op == TransferOp::kRead ? FrameType::kRead : FrameType::kWrite;
+    h.request_id = i;
+    h.segment_id = jobs[i].segment_id;
+    h.offset = s->offset;
+    h.length = s->length;
+    Status st = SendFrame(fd, h, s->local, s->op == TransferOp::kWrite ? s->length : 0, s->deadline,
+                          name_);
+    if (!st.ok()) {
+      conn->Reset();
+      RecordFailure(st);
+      // Replies to what was sent can no longer be read; everything in the window fails.
+      for (size_t k = 0; k < jobs.size(); ++k) {
+        Status fail = (k < i && !sent[k]) ? DeadlineExceededError("deadline passed before sending to peer " + name_) : st;
+        jobs[k].done->OnSliceDone(jobs[k].slice, fail);
+      }
+      return;
+    }
+    sent[i] = true;
+  }
+  // Receive phase: replies arrive in request order.
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Slice* s = jobs[i].slice;
+    if (!sent[i]) {
+      jobs[i].done->OnSliceDone(s, DeadlineExceededError("deadline passed before sending to peer " + name_));
+      continue;
+    }
+    FrameHeader h;
+    Status st = RecvHeader(fd, &h, s->deadline, name_);
+    if (st.ok() && h.request_id != i) {
+      st = DataLossError("peer " + name_ + " answered out of order");
+    }
+    if (st.ok()) {
+      switch (h.type) {
+        case FrameType::kError: {
+          if (h.length > kMaxControlPayload) {
+            st = DataLossError("oversized error frame from " + name_);
+            break;
+          }
+          std::string message(h.length, '\0');
+          st = RecvAll(fd, message.data(), message.size(), s->deadline, name_);
+          if (st.ok()) {
+            // The stream is still in sync after an error frame: only this request failed.
+            jobs[i].done->OnSliceDone(s, ErrorFrameStatus(h.code, "peer " + name_ + ": " + message));
+            continue;
+          }
+          break;
+        }
+        case FrameType::kReadReply:
+          if (s->op != TransferOp::kRead || h.length != s->length) {
+            st = DataLossError("peer " + name_ + " sent a read reply of the wrong size");
+          } else {
+            st = RecvAll(fd, s->local, s->length, s->deadline, name_);
+          }
+          break;
+        case FrameType::kWriteReply:
+          if (s->op != TransferOp::kWrite || h.length != 0) {
+            st = DataLossError("peer " + name_ + " sent an unexpected write reply");
+          }
+          break;
+        default:
+          st = DataLossError("peer " + name_ + " sent an unexpected frame");
+      }
+    }
+    if (!st.ok()) {
+      // The stream is out of sync (or gone): drop the connection and fail the rest of the window.
+      conn->Reset();
+      if (st.code() != StatusCode::kDeadlineExceeded) RecordFailure(st);
+      for (size_t k = i; k < jobs.size(); ++k) {
+        jobs[k].done->OnSliceDone(jobs[k].slice, k == i || sent[k] ? st : DeadlineExceededError("deadline passed before sending to peer " + name_));
+      }
+      return;
+    }
+    jobs[i].done->OnSliceDone(s, Status());
+  }
+}
+
+}  // namespace larder::transfer::tcp

@@ -1,0 +1,90 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Frames of the tcp data protocol. Every frame starts with a fixed 40-byte header:
+//
+//   u32 magic "LRD1" | u8 type | u8 code | u16 flags | u64 request_id | u64 segment_id |
+//   u64 offset | u64 length
+//
+// followed by `length` payload bytes for kWrite, kReadReply (OK), kError (message), kHello
+// (nonce), kAuth (mac) and kDescribeReply (JSON). Little-endian. The server checks every field and
+// answers a bad frame with kError; it closes the connection only when it cannot find the next
+// frame boundary (bad magic, unknown type, a payload larger than kMaxFramePayload).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "larder/status.h"
+
+namespace larder::transfer::tcp {
+
+inline constexpr uint32_t kFrameMagic = 0x3144524c;  // "LRD1"
+inline constexpr size_t kFrameHeaderSize = 40;
+// Largest data payload of one frame (the engine's slices are smaller).
+inline constexpr uint64_t kMaxFramePayload = 64ULL << 20;
+// Largest error message or control payload.
+inline constexpr uint64_t kMaxControlPayload = 16ULL << 20;
+
+enum class FrameType : uint8_t {
+  kHello = 1,        // server -> client on connect; flags & kNeedAuth: payload is a 32 B nonce
+  kAuth = 2,         // client -> server: payload HMAC(token, nonce)
+  kAuthOk = 3,       // server -> client
+  kRead = 4,         // client -> server: read [offset, offset+length) of segment_id
+  kReadReply = 5,    // server -> client: payload = the bytes
+  kWrite = 6,        // client -> server: payload = the bytes for [offset, offset+length)
+  kWriteReply = 7,   // server -> client
+  kDescribe = 8,     // client -> server: list exported segments
+  kDescribeReply = 9,  // server -> client: payload = JSON array of descriptors
+  kError = 10,       // server -> client: code + message payload
+};
+
+inline constexpr uint16_t kFlagNeedAuth = 1;
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  FrameType type = FrameType::kError;
+  uint8_t code = 0;
+  uint16_t flags = 0;
+  uint64_t request_id = 0;
+  uint64_t segment_id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+inline void EncodeHeader(const FrameHeader& h, uint8_t* out) {
+  std::memcpy(out, &h.magic, 4);
+  out[4] = static_cast<uint8_t>(h.type);
+  out[5] = h.code;
+  std::memcpy(out + 6, &h.flags, 2);
+  std::memcpy(out + 8, &h.request_id, 8);
+  std::memcpy(out + 16, &h.segment_id, 8);
+  std::memcpy(out + 24, &h.offset, 8);
+  std::memcpy(out + 32, &h.length, 8);
+}
+
+// Decodes and validates the fixed fields. InvalidArgument for a bad magic or an unknown type.
+inline Status DecodeHeader(const uint8_t* in, FrameHeader* h) {
+  std::memcpy(&h->magic, in, 4);
+  if (h->magic != kFrameMagic) return InvalidArgumentError("bad frame magic");
+  uint8_t type = in[4];
+  if (type < static_cast<uint8_t>(FrameType::kHello) || type > static_cast<uint8_t>(FrameType::kError)) {
+    return InvalidArgumentError("unknown frame type " + std::to_string(type));
+  }
+  h->type = static_cast<FrameType>(type);
+  h->code = in[5];
+  std::memcpy(&h->flags, in + 6, 2);
+  std::memcpy(&h->request_id, in + 8, 8);
+  std::memcpy(&h->segment_id, in + 16, 8);
+  std::memcpy(&h->offset, in + 24, 8);
+  std::memcpy(&h->length, in + 32, 8);
+  return Status();
+}
+
+// The Status carried by a kError frame.
+inline Status ErrorFrameStatus(uint8_t code, std::string message) {
+  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kDataLoss)) code = static_cast<uint8_t>(StatusCode::kInternal);
+  return Status(static_cast<StatusCode>(code), std::move(message));
+}
+
+}  // namespace larder::transfer::tcp

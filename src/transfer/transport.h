@@ -1,0 +1,123 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The transport interface: what every route (local, shm, tcp, and later device or ucx) implements.
+// A transport is small: capabilities, allocation, registration, open, submit. The engine owns
+// batching, slicing, deadlines, route choice and retries; a transport only moves slices.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "common/net.h"
+#include "larder/status.h"
+#include "larder/transfer_engine.h"
+
+namespace larder {
+
+class ThreadPool;
+
+namespace transfer {
+
+class SegmentExports;
+
+// What a transport gets from its engine when it starts. Pointers outlive the transport.
+struct EngineContext {
+  std::string engine_id;
+  std::string host_id;
+  std::string auth_token;    // empty: no token
+  std::string tcp_endpoint;  // the engine's data server, "ip:port"
+  const TransferEngineOptions* options = nullptr;
+  SegmentExports* exports = nullptr;
+  ThreadPool* copy_pool = nullptr;
+};
+
+// A piece of one request, the unit that transports move and the engine retries.
+struct Slice {
+  TransferOp op = TransferOp::kRead;
+  uint8_t* local = nullptr;
+  uint64_t offset = 0;  // inside the segment
+  uint64_t length = 0;
+  Deadline deadline;
+  // Engine bookkeeping: transports must not touch these.
+  void* batch = nullptr;
+  uint32_t request = 0;
+  uint32_t attempt = 0;
+};
+
+// Receives the outcome of every slice handed to Transport::Submit, exactly once per slice, from
+// any thread (possibly inside Submit).
+class SliceCallback {
+ public:
+  virtual ~SliceCallback() = default;
+  virtual void OnSliceDone(Slice* slice, Status status) = 0;
+};
+
+// A segment opened through one transport.
+class RemoteSegment {
+ public:
+  explicit RemoteSegment(SegmentDescriptor descriptor) : descriptor_(std::move(descriptor)) {}
+  virtual ~RemoteSegment() = default;
+  const SegmentDescriptor& descriptor() const { return descriptor_; }
+
+ private:
+  SegmentDescriptor descriptor_;
+};
+
+struct TransportCaps {
+  // Local pointers must lie in memory given to RegisterLocalMemory.
+  bool needs_local_registration = false;
+  // Can allocate memory that peers reach through this transport (Allocate is implemented).
+  bool allocates_exportable_memory = false;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual RouteKind route() const = 0;
+  virtual TransportCaps caps() const { return {}; }
+
+  // Starts servers or threads. Called once, before any other call but name/route/caps.
+  virtual Status Start(const EngineContext& context) {
+    (void)context;
+    return Status();
+  }
+  // Stops servers and fails or finishes outstanding slices. Called once, before destruction.
+  virtual void Stop() {}
+
+  // Memory that peers can reach through this transport.
+  virtual Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) {
+    (void)size;
+    (void)huge_pages;
+    return UnimplementedError(std::string(name()) + " does not allocate segment memory");
+  }
+  // Adds this transport's export details (e.g. the shm socket) to a descriptor of our own segment.
+  virtual void Describe(SegmentDescriptor* descriptor) const { (void)descriptor; }
+
+  virtual Status RegisterLocalMemory(void* ptr, size_t size) {
+    (void)ptr;
+    (void)size;
+    return Status();
+  }
+  virtual Status UnregisterLocalMemory(void* ptr) {
+    (void)ptr;
+    return Status();
+  }
+
+  // Whether this transport could reach the segment at all (cheap; no I/O).
+  virtual bool CanReach(const SegmentDescriptor& descriptor) const = 0;
+  // Opens the segment on this route (may do I/O: the shm handoff). Errors say why the route
+  // cannot be used; the engine then tries the next one.
+  virtual Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) = 0;
+  // Moves every slice and reports each to `done`. Never blocks on a peer for longer than the
+  // slices' deadlines. REQUIRES: segment came from this transport's Open; slices are in range.
+  virtual void Submit(RemoteSegment& segment, std::span<Slice* const> slices,
+                      SliceCallback* done) = 0;
+};
+
+}  // namespace transfer
+}  // namespace larder
