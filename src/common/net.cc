@@ -13,6 +13,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -49,6 +51,13 @@ sockaddr_un AbstractAddress(const std::string& name, socklen_t* len) {
 }
 
 }  // namespace
+
+Deadline CoarseNow() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return Deadline(std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(ts.tv_sec) +
+                                                              std::chrono::nanoseconds(ts.tv_nsec)));
+}
 
 void Fd::Reset() {
   if (fd_ >= 0) close(fd_);

@@ -23,50 +23,56 @@ void BatchState::Prepare(size_t n) {
   dispatch.clear();
   keepalive.clear();
   pending_requests.store(0, std::memory_order_relaxed);
+  failed_requests.store(0, std::memory_order_relaxed);
 }
 
-std::pair<BatchId, BatchState*> BatchTable::Acquire() {
+BatchTable::BatchTable() : slots_(std::make_unique<std::atomic<BatchState*>[]>(kMaxBatches)) {}
+
+Result<std::pair<BatchId, BatchState*>> BatchTable::Acquire() {
   std::lock_guard lock(lock_);
   uint32_t index;
   if (!free_.empty()) {
     index = free_.back();
     free_.pop_back();
   } else {
-    index = static_cast<uint32_t>(slots_.size());
-    slots_.push_back(std::make_unique<BatchState>());
+    if (owned_.size() >= kMaxBatches) {
+      return ResourceExhaustedError("too many unreleased batches (" +
+                                    std::to_string(kMaxBatches) + "); Release finished ones");
+    }
+    index = static_cast<uint32_t>(owned_.size());
+    owned_.push_back(std::make_unique<BatchState>());
+    slots_[index].store(owned_.back().get(), std::memory_order_release);
   }
-  BatchState* state = slots_[index].get();
-  state->in_use = true;
-  BatchId id = (static_cast<uint64_t>(state->generation) << 32) | (index + 1);
-  return {id, state};
+  BatchState* state = owned_[index].get();
+  uint64_t ticket = state->ticket.load(std::memory_order_relaxed) | 1;
+  state->ticket.store(ticket, std::memory_order_release);
+  BatchId id = ((ticket >> 1) << 32) | (index + 1);
+  return std::make_pair(id, state);
 }
 
-BatchState* BatchTable::Find(BatchId id) {
-  uint64_t index = (id & 0xffffffffULL);
-  if (index == 0) return nullptr;
-  --index;
-  std::lock_guard lock(lock_);
-  if (index >= slots_.size()) return nullptr;
-  BatchState* state = slots_[index].get();
-  if (!state->in_use || state->generation != static_cast<uint32_t>(id >> 32)) return nullptr;
+BatchState* BatchTable::Find(BatchId id) const {
+  uint64_t index = id & 0xffffffffULL;
+  if (index == 0 || index > kMaxBatches) return nullptr;
+  BatchState* state = slots_[index - 1].load(std::memory_order_acquire);
+  if (state == nullptr) return nullptr;
+  uint64_t expected = ((id >> 32) << 1) | 1;
+  if (state->ticket.load(std::memory_order_acquire) != expected) return nullptr;
   return state;
 }
 
 Status BatchTable::Release(BatchId id) {
-  uint64_t index = (id & 0xffffffffULL);
   std::lock_guard lock(lock_);
-  BatchState* state = index == 0 || index > slots_.size() ? nullptr : slots_[index - 1].get();
-  if (state == nullptr || !state->in_use || state->generation != static_cast<uint32_t>(id >> 32)) {
-    return NotFoundError("no batch " + std::to_string(id));
-  }
+  BatchState* state = Find(id);
+  if (state == nullptr) return NotFoundError("no batch " + std::to_string(id));
   if (state->pending_requests.load() != 0) {
     return FailedPreconditionError("batch " + std::to_string(id) +
                                    " still has requests in flight; Wait for it first");
   }
   state->keepalive.clear();
-  state->in_use = false;
-  ++state->generation;
-  free_.push_back(static_cast<uint32_t>(index - 1));
+  // Bump the generation (and clear in_use): the id is now stale.
+  uint64_t ticket = state->ticket.load(std::memory_order_relaxed);
+  state->ticket.store((((ticket >> 1) + 1) & 0xffffffffULL) << 1, std::memory_order_release);
+  free_.push_back(static_cast<uint32_t>((id & 0xffffffffULL) - 1));
   return Status();
 }
 

@@ -30,8 +30,8 @@ struct BatchState {
   // Resets for `count` requests, keeping allocated capacity.
   void Prepare(size_t count);
 
-  uint32_t generation = 0;
-  bool in_use = false;
+  // (generation << 1) | in_use. Read without a lock by BatchTable::Find.
+  std::atomic<uint64_t> ticket{0};
   size_t count = 0;
   size_t capacity = 0;
   std::unique_ptr<RequestProgress[]> progress;
@@ -39,7 +39,13 @@ struct BatchState {
   std::vector<Slice> slices;                    // never reallocated while the batch runs
   std::vector<Slice*> dispatch;
   std::vector<std::shared_ptr<OpenedSegment>> keepalive;
+  // The last segment this slot looked up, kept across uses of the slot so that a thread that keeps
+  // submitting to one segment skips the handle table. Valid while `cached_version` equals the
+  // engine's close counter; it may keep a closed segment alive until the slot looks up another.
+  std::shared_ptr<OpenedSegment> cached_segment;
+  uint64_t cached_version = 0;
   std::atomic<size_t> pending_requests{0};
+  std::atomic<size_t> failed_requests{0};
   std::atomic<int> waiters{0};
   std::mutex mu;
   std::condition_variable cv;
@@ -61,17 +67,24 @@ class SpinLock {
 };
 
 // Hands out batch slots; a BatchId is (generation << 32 | index + 1), so stale ids are detected.
+// Slots live for the table's life, so Find needs no lock.
 class BatchTable {
  public:
-  std::pair<BatchId, BatchState*> Acquire();
+  // Most batches alive at once.
+  static constexpr uint32_t kMaxBatches = 1 << 16;
+
+  BatchTable();
+  // ResourceExhausted when kMaxBatches batches are alive.
+  Result<std::pair<BatchId, BatchState*>> Acquire();
   // Null when `id` is unknown or released.
-  BatchState* Find(BatchId id);
+  BatchState* Find(BatchId id) const;
   // NotFound for unknown ids, FailedPrecondition while running.
   Status Release(BatchId id);
 
  private:
+  std::unique_ptr<std::atomic<BatchState*>[]> slots_;  // written under lock_, read lock-free
   SpinLock lock_;
-  std::vector<std::unique_ptr<BatchState>> slots_;  // guarded by lock_
+  std::vector<std::unique_ptr<BatchState>> owned_;  // guarded by lock_
   std::vector<uint32_t> free_;                      // guarded by lock_
 };
 

@@ -1,12 +1,16 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // Runs memory-to-memory slices for the routes that copy with the CPU (local, shm): inline in the
-// caller when the batch is small, otherwise striped over the engine's copy pool in chunks of
-// roughly equal size, so one large request uses every copy thread.
+// caller when the batch is small, otherwise cut into stripes of roughly equal size, independent of
+// slice boundaries, spread over the engine's copy pool so that even one large request uses every
+// copy thread. A slice is reported once all of its stripes are done.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -15,46 +19,88 @@
 
 namespace larder::transfer {
 
-// Smallest chunk handed to a pool thread; smaller ones cost more in hand-off than they gain.
+// Smallest stripe handed to a pool thread; smaller ones cost more in hand-off than they gain.
 inline constexpr uint64_t kMinStripeBytes = 256 * 1024;
 
-// copy(Slice*) -> Status moves one slice. It must be safe to call from any thread and must stay
-// callable until every slice is reported.
+// copy(Slice*, begin, length) -> Status moves bytes [begin, begin + length) of one slice. It must
+// be safe to call concurrently from any thread and stays alive until every slice is reported.
 template <typename CopyFn>
 void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* const> slices,
                    SliceCallback* done, CopyFn copy) {
   uint64_t total = 0;
   for (const Slice* s : slices) total += s->length;
-  if (pool == nullptr || total <= inline_bytes || (slices.size() == 1 && total <= kMinStripeBytes)) {
-    for (Slice* s : slices) done->OnSliceDone(s, copy(s));
+  if (pool == nullptr || total <= inline_bytes || total <= kMinStripeBytes) {
+    for (Slice* s : slices) done->OnSliceDone(s, copy(s, 0, s->length));
     return;
   }
-  uint64_t stripe = std::max<uint64_t>(kMinStripeBytes, total / pool->size());
-  auto shared_copy = std::make_shared<CopyFn>(std::move(copy));
-  std::vector<Slice*> chunk;
-  uint64_t chunk_bytes = 0;
-  auto flush = [&] {
-    if (chunk.empty()) return;
-    pool->Schedule([slices = std::move(chunk), done, shared_copy] {
-      for (Slice* s : slices) done->OnSliceDone(s, (*shared_copy)(s));
-    });
-    chunk.clear();
-    chunk_bytes = 0;
+
+  struct Piece {
+    uint32_t slice;
+    uint64_t begin;
+    uint64_t length;
   };
-  for (Slice* s : slices) {
-    chunk.push_back(s);
-    chunk_bytes += s->length;
-    if (chunk_bytes >= stripe) flush();
+  struct Shared {
+    explicit Shared(CopyFn fn) : copy(std::move(fn)) {}
+    CopyFn copy;
+    std::vector<Slice*> slices;
+    std::unique_ptr<std::atomic<uint32_t>[]> stripes_left;
+    std::mutex mu;
+    std::vector<Status> status;  // guarded by mu
+  };
+  auto shared = std::make_shared<Shared>(std::move(copy));
+  shared->slices.assign(slices.begin(), slices.end());
+  shared->stripes_left = std::make_unique<std::atomic<uint32_t>[]>(slices.size());
+  shared->status.resize(slices.size());
+
+  uint64_t stripe = std::max<uint64_t>(kMinStripeBytes, (total + pool->size() - 1) / pool->size());
+  std::vector<std::vector<Piece>> tasks(1);
+  uint64_t task_bytes = 0;
+  for (uint32_t i = 0; i < slices.size(); ++i) {
+    uint32_t pieces = 0;
+    for (uint64_t begin = 0; begin < slices[i]->length;) {
+      if (task_bytes >= stripe) {
+        tasks.emplace_back();
+        task_bytes = 0;
+      }
+      uint64_t length = std::min(slices[i]->length - begin, stripe - task_bytes);
+      tasks.back().push_back({i, begin, length});
+      task_bytes += length;
+      begin += length;
+      ++pieces;
+    }
+    shared->stripes_left[i].store(pieces, std::memory_order_relaxed);
   }
-  flush();
+  for (auto& task : tasks) {
+    pool->Schedule([shared, done, task = std::move(task)] {
+      for (const Piece& p : task) {
+        Slice* s = shared->slices[p.slice];
+        Status st = shared->copy(s, p.begin, p.length);
+        if (!st.ok()) {
+          std::lock_guard lock(shared->mu);
+          if (shared->status[p.slice].ok()) shared->status[p.slice] = st;
+        }
+        if (shared->stripes_left[p.slice].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          Status result;
+          {
+            std::lock_guard lock(shared->mu);
+            result = shared->status[p.slice];
+          }
+          done->OnSliceDone(s, result);
+        }
+      }
+    });
+  }
 }
 
-// Copies one slice between local memory and `segment_address` (the slice's offset already applied).
-inline void CopySlice(const Slice& slice, uint8_t* segment_address) {
+// Copies bytes [begin, begin + length) of a slice between local memory and `segment_base`, the
+// address of segment offset 0.
+inline void CopySliceRange(const Slice& slice, uint8_t* segment_base, uint64_t begin,
+                           uint64_t length) {
+  uint8_t* remote = segment_base + slice.offset + begin;
   if (slice.op == TransferOp::kRead) {
-    std::memcpy(slice.local, segment_address, slice.length);
+    std::memcpy(slice.local + begin, remote, length);
   } else {
-    std::memcpy(segment_address, slice.local, slice.length);
+    std::memcpy(remote, slice.local + begin, length);
   }
 }
 

@@ -126,6 +126,8 @@ class Engine final : public TransferEngine, public SliceCallback {
     auto it = opened_.find(handle);
     return it == opened_.end() ? nullptr : it->second;
   }
+  // The open segment `handle`, kept alive by `batch` (its cache or keepalive); null if unknown.
+  OpenedSegment* LookupForBatch(BatchState* batch, SegmentHandle handle) const;
   Status ValidateRequest(const TransferRequest& r, const OpenedSegment* segment) const;
   bool LocalRangeRegistered(const void* ptr, uint64_t length) const;
   // Opens the next route after `attempt` for a retry; null when there is none.
@@ -143,6 +145,7 @@ class Engine final : public TransferEngine, public SliceCallback {
   mutable std::shared_mutex opened_mu_;
   std::unordered_map<SegmentHandle, std::shared_ptr<OpenedSegment>> opened_;  // guarded
   SegmentHandle next_handle_ = 1;                                             // guarded
+  std::atomic<uint64_t> close_version_{0};  // bumped by every CloseSegment
 
   mutable std::shared_mutex local_mu_;
   std::map<uintptr_t, uint64_t> local_regions_;  // start -> length, guarded by local_mu_
@@ -324,7 +327,23 @@ Result<SegmentHandle> Engine::OpenSegment(const std::string& address, const std:
 Status Engine::CloseSegment(SegmentHandle handle) {
   std::unique_lock lock(opened_mu_);
   if (opened_.erase(handle) == 0) return NotFoundError("no open segment handle " + std::to_string(handle));
+  close_version_.fetch_add(1);
   return Status();
+}
+
+OpenedSegment* Engine::LookupForBatch(BatchState* batch, SegmentHandle handle) const {
+  uint64_t version = close_version_.load(std::memory_order_acquire);
+  if (batch->cached_segment && batch->cached_segment->handle == handle &&
+      batch->cached_version == version) {
+    return batch->cached_segment.get();
+  }
+  std::shared_ptr<OpenedSegment> found = FindOpened(handle);
+  if (!found) return nullptr;
+  // Earlier requests of this batch may still use the segment being replaced in the cache.
+  if (batch->cached_segment) batch->keepalive.push_back(std::move(batch->cached_segment));
+  batch->cached_segment = std::move(found);
+  batch->cached_version = version;
+  return batch->cached_segment.get();
 }
 
 Result<RouteKind> Engine::SegmentRoute(SegmentHandle handle) const {
@@ -367,27 +386,28 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
                                 " requests exceeds max_batch_requests (" +
                                 std::to_string(options_.max_batch_requests) + ")");
   }
-  Deadline deadline = Clock::now() + (timeout.count() > 0 ? timeout : options_.default_timeout);
-  auto [id, batch] = batches_.Acquire();
+  Deadline deadline = CoarseNow() + (timeout.count() > 0 ? timeout : options_.default_timeout);
+  LARDER_ASSIGN_OR_RETURN(auto acquired, batches_.Acquire());
+  auto [id, batch] = acquired;
   batch->Prepare(requests.size());
 
   // Pass 1: validate and count, so every counter is final before the first slice can complete.
   size_t valid = 0, total_slices = 0;
-  std::shared_ptr<OpenedSegment> segment;
+  OpenedSegment* segment = nullptr;
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
-    if (!segment || segment->handle != r.segment) segment = FindOpened(r.segment);
-    Status st = ValidateRequest(r, segment.get());
+    if (segment == nullptr || segment->handle != r.segment) segment = LookupForBatch(batch, r.segment);
+    Status st = ValidateRequest(r, segment);
     if (!st.ok()) {
       batch->progress[i].status = st.WithContext("request " + std::to_string(i));
+      batch->failed_requests.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
     uint64_t slices = (r.length + options_.slice_bytes - 1) / options_.slice_bytes;
     batch->progress[i].pending_slices.store(static_cast<uint32_t>(slices), std::memory_order_relaxed);
     total_slices += slices;
     ++valid;
-    batch->request_segment[i] = segment.get();
-    if (batch->keepalive.empty() || batch->keepalive.back() != segment) batch->keepalive.push_back(segment);
+    batch->request_segment[i] = segment;
   }
   batch->pending_requests.store(valid);
   if (valid == 0) return id;
@@ -474,18 +494,34 @@ void Engine::OnSliceDone(Slice* slice, Status status) {
 
 void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status, RouteKind route) {
   RequestProgress& p = batch->progress[slice->request];
+  // When this is the request's last slice no other thread touches its counters, so plain
+  // stores replace read-modify-writes (the common single-slice case stays cheap).
+  bool last_slice = p.pending_slices.load(std::memory_order_acquire) == 1;
   if (status.ok()) {
-    p.bytes.fetch_add(slice->length, std::memory_order_relaxed);
+    if (last_slice) {
+      p.bytes.store(p.bytes.load(std::memory_order_relaxed) + slice->length, std::memory_order_relaxed);
+    } else {
+      p.bytes.fetch_add(slice->length, std::memory_order_relaxed);
+    }
     p.route.store(static_cast<uint8_t>(route), std::memory_order_relaxed);
   } else {
     std::lock_guard lock(batch->mu);
     if (p.status.ok()) {
       p.status = status.WithContext("request " + std::to_string(slice->request) + " via " +
                                     std::string(RouteKindName(route)));
+      batch->failed_requests.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (p.pending_slices.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  if (batch->pending_requests.fetch_sub(1) != 1) return;
+  if (last_slice) {
+    p.pending_slices.store(0, std::memory_order_release);
+  } else if (p.pending_slices.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+    return;
+  }
+  if (batch->pending_requests.load(std::memory_order_acquire) == 1) {
+    batch->pending_requests.store(0, std::memory_order_seq_cst);
+  } else if (batch->pending_requests.fetch_sub(1) != 1) {
+    return;
+  }
   if (batch->waiters.load() > 0) {
     std::lock_guard lock(batch->mu);
     batch->cv.notify_all();
@@ -538,6 +574,7 @@ Status Engine::BatchStatus(BatchId id) {
   if (batch->pending_requests.load() != 0) {
     return FailedPreconditionError("batch " + std::to_string(id) + " is still running");
   }
+  if (batch->failed_requests.load() == 0) return Status();
   std::lock_guard lock(batch->mu);
   for (size_t i = 0; i < batch->count; ++i) {
     if (!batch->progress[i].status.ok()) return batch->progress[i].status;

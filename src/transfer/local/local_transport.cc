@@ -49,9 +49,11 @@ class LocalTransport final : public Transport {
     const SegmentExports* exports = context_.exports;
     // Access() holds the exports' shared lock during each copy, so UnregisterSegment waits for it.
     ExecuteCopies(context_.copy_pool, context_.options->inline_copy_bytes, slices, done,
-                  [exports, id](Slice* s) {
-                    return exports->Access(id, s->offset, s->length,
-                                           [s](uint8_t* address) { CopySlice(*s, address); });
+                  [exports, id](Slice* s, uint64_t begin, uint64_t length) {
+                    return exports->Access(id, s->offset + begin, length, [&](uint8_t* address) {
+                      // Access hands out the address of offset s->offset + begin.
+                      CopySliceRange(*s, address - s->offset - begin, begin, length);
+                    });
                   });
   }
 

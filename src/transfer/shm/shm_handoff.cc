@@ -146,7 +146,7 @@ Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const std::stri
   LARDER_RETURN_IF_ERROR(
       RecvWithFd(conn->get(), &hello, sizeof(hello), &unused, deadline, peer).WithContext("shm handoff"));
   if (hello.magic != kHandoffMagic) return InternalError(peer + " sent a malformed handoff greeting");
-  if (hello.type == HandoffServerMessage::kReply) return ReplyStatus(hello).WithContext(peer);
+  if (hello.type == HandoffServerMessage::kReply) return ReplyStatus(hello).WithContext("shm handoff");
   if (hello.need_auth && token.empty()) {
     return PermissionDeniedError(peer + " requires a cluster token and none is configured");
   }
@@ -164,7 +164,7 @@ Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const std::stri
   if (reply.magic != kHandoffMagic || reply.type != HandoffServerMessage::kReply) {
     return InternalError(peer + " sent a malformed handoff reply");
   }
-  if (reply.code != 0) return ReplyStatus(reply).WithContext(peer);
+  if (reply.code != 0) return ReplyStatus(reply).WithContext("shm handoff");
   if (!fd.valid()) return InternalError(peer + " replied OK without a file descriptor");
   *size = reply.size;
   return fd;

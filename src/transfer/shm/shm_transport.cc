@@ -92,7 +92,9 @@ class ShmTransport final : public Transport {
       return DataLossError("memfd of segment '" + descriptor.name + "' from engine " +
                            descriptor.engine_id + " is smaller than its descriptor says");
     }
-    void* base = mmap(nullptr, descriptor.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    // Prefaulting builds the page tables now, so the first copy to each page does not fault.
+    int flags = MAP_SHARED | (context_.options->shm_prefault ? MAP_POPULATE : 0);
+    void* base = mmap(nullptr, descriptor.size, PROT_READ | PROT_WRITE, flags, fd.get(), 0);
     if (base == MAP_FAILED) {
       return ErrnoToStatus(errno, "mmap segment '" + descriptor.name + "' of engine " +
                                       descriptor.engine_id);
@@ -108,13 +110,13 @@ class ShmTransport final : public Transport {
               SliceCallback* done) override {
     const Mapping* mapping = &static_cast<ShmSegment&>(segment).mapping();
     ExecuteCopies(context_.copy_pool, context_.options->inline_copy_bytes, slices, done,
-                  [mapping](Slice* s) -> Status {
-                    // The engine checked the range against the descriptor; the mapping is at
-                    // least that large, so this only guards against internal mistakes.
+                  [mapping](Slice* s, uint64_t begin, uint64_t length) -> Status {
+                    // The engine checked the range against the descriptor and the mapping is at
+                    // least that large; this only guards against internal mistakes.
                     if (s->offset > mapping->size || s->length > mapping->size - s->offset) {
                       return OutOfRangeError("slice outside the mapped segment");
                     }
-                    CopySlice(*s, mapping->base + s->offset);
+                    CopySliceRange(*s, mapping->base, begin, length);
                     return Status();
                   });
   }

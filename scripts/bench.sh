@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the transfer benchmarks and the reference anchors in one session, writing JSON lines to
+# bench/results/. usage: scripts/bench.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=bench/results
+mkdir -p "$out"
+bench="$build/bin/larder-bench"
+export LARDER_LOG_LEVEL=${LARDER_LOG_LEVEL:-warn}
+{
+  "$bench" transfer --json --transport shm --block-size 4M,64M
+  "$bench" transfer --json --transport shm --block-size 64K --batch 32
+  "$bench" transfer --json --transport shm --op read --block-size 4K --batch 1 --working-set 4K
+  "$bench" transfer --json --transport shm --threads 2 --block-size 4M,64M
+  "$bench" transfer --json --transport tcp --block-size 4M,64M
+} | tee "$out/transfer.jsonl"
+anchors=../shared/anchors
+if [ -d "$anchors" ]; then
+  { bash "$anchors/memcpy-bandwidth.sh"; bash "$anchors/ucx-bandwidth.sh" 4096 4194304 67108864; } |
+    tee "$out/anchors.jsonl" || echo "bench: anchors failed (see above)" >&2
+else
+  echo "bench: $anchors not found; skipping reference peers" >&2
+fi

@@ -1,0 +1,102 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// larder-e2e-peer: a second process for end-to-end tests.
+//   serve  export a segment filled with a known pattern, print "READY <address>", serve until
+//          stdin closes
+//   probe  open a peer's segment (optionally after dropping to another uid), read it, and print
+//          "ROUTE <route>" and "STATUS <code name>" ; exits 0 when the probe ran
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstring>
+#include <iostream>
+
+#include "bench/process.h"
+#include "larder/transfer_engine.h"
+
+namespace {
+
+// Byte i of a served segment.
+uint8_t PatternByte(uint64_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 12)); }
+
+int Serve(const std::string& protocol, uint64_t size, const std::string& token, int allowed_uid) {
+  larder::TransferEngineOptions options;
+  options.protocol = protocol;
+  options.auth_token = token;
+  if (allowed_uid >= 0) options.shm_allowed_uids = {static_cast<uint32_t>(allowed_uid)};
+  auto engine = larder::TransferEngine::Create(options);
+  if (!engine.ok()) {
+    std::cerr << "serve: " << engine.status() << "\n";
+    return 1;
+  }
+  auto memory = (*engine)->AllocateSegmentMemory(size);
+  if (!memory.ok()) {
+    std::cerr << "serve: " << memory.status() << "\n";
+    return 1;
+  }
+  auto* bytes = static_cast<uint8_t*>((*memory)->data());
+  for (uint64_t i = 0; i < size; ++i) bytes[i] = PatternByte(i);
+  auto id = (*engine)->RegisterSegment("e2e", *memory);
+  if (!id.ok()) {
+    std::cerr << "serve: " << id.status() << "\n";
+    return 1;
+  }
+  larder::bench::AnnounceReady((*engine)->address());
+  larder::bench::WaitForParentOrSignal();
+  return 0;
+}
+
+int Probe(const std::string& target, const std::string& protocol, int uid) {
+  if (uid >= 0 && (setgid(static_cast<gid_t>(uid)) != 0 || setuid(static_cast<uid_t>(uid)) != 0)) {
+    std::cerr << "probe: cannot switch to uid " << uid << ": " << std::strerror(errno) << "\n";
+    return 2;
+  }
+  larder::TransferEngineOptions options;
+  options.protocol = protocol;
+  auto engine = larder::TransferEngine::Create(options);
+  if (!engine.ok()) {
+    std::cerr << "probe: " << engine.status() << "\n";
+    return 1;
+  }
+  auto handle = (*engine)->OpenSegment(target, "e2e");
+  if (!handle.ok()) {
+    std::cout << "STATUS " << larder::StatusCodeName(handle.status().code()) << "\n"
+              << "MESSAGE " << handle.status().message() << "\n";
+    return 0;
+  }
+  std::cout << "ROUTE " << larder::RouteKindName((*engine)->SegmentRoute(*handle).value()) << "\n";
+  std::vector<uint8_t> buf(4096);
+  larder::TransferRequest r{larder::TransferOp::kRead, buf.data(), *handle, 0, buf.size()};
+  auto results = (*engine)->TransferSync({&r, 1}, std::chrono::seconds(10));
+  larder::Status st = results.ok() ? (*results)[0].status : results.status();
+  if (st.ok()) {
+    for (uint64_t i = 0; i < buf.size(); ++i) {
+      if (buf[i] != PatternByte(i)) st = larder::DataLossError("pattern mismatch");
+    }
+  }
+  std::cout << "STATUS " << larder::StatusCodeName(st.code()) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  larder::bench::BlockTerminationSignals();
+  CLI::App app{"larder-e2e-peer: the other process of end-to-end tests"};
+  app.require_subcommand(1);
+  std::string protocol = "auto", token, target;
+  uint64_t size = 64ULL << 20;
+  int allowed_uid = -1, uid = -1;
+  auto* serve = app.add_subcommand("serve", "export a patterned segment named 'e2e'");
+  serve->add_option("--protocol", protocol)->capture_default_str();
+  serve->add_option("--segment-size", size)->capture_default_str();
+  serve->add_option("--token", token, "cluster token");
+  serve->add_option("--allowed-uid", allowed_uid, "the only uid allowed to map over shm");
+  auto* probe = app.add_subcommand("probe", "open a peer's 'e2e' segment and read it");
+  probe->add_option("--target", target)->required();
+  probe->add_option("--protocol", protocol)->capture_default_str();
+  probe->add_option("--uid", uid, "switch to this uid first (needs root)");
+  CLI11_PARSE(app, argc, argv);
+  if (serve->parsed()) return Serve(protocol, size, token, allowed_uid);
+  return Probe(target, protocol, uid);
+}

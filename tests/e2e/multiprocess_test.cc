@@ -1,0 +1,306 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// End-to-end tests across real processes on this host: route choice (shm between processes of
+// one host, tcp across "hosts" made with LARDER_HOST_ID or forced with LARDER_PROTOCOL), refused
+// handoffs, and peers that die mid-batch.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <gtest/gtest.h>
+#include <thread>
+
+#include "bench/process.h"
+#include "larder/transfer_engine.h"
+
+namespace larder {
+namespace {
+
+using namespace std::chrono_literals;
+
+uint8_t PatternByte(uint64_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 12)); }
+
+std::string PeerBinary() {
+  const char* dir = std::getenv("LARDER_BIN_DIR");
+  return std::string(dir ? dir : ".") + "/larder-e2e-peer";
+}
+
+bench::ChildProcess SpawnPeer(std::vector<std::string> args,
+                              std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> argv = {PeerBinary(), "serve"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  env.emplace("LARDER_LOG_LEVEL", "error");
+  auto child = bench::ChildProcess::Spawn(argv, env, 60s);
+  EXPECT_TRUE(child.ok()) << child.status();
+  return child.ok() ? std::move(child).value() : bench::ChildProcess();
+}
+
+std::unique_ptr<TransferEngine> MakeEngine(const std::string& protocol,
+                                           EngineRole role = EngineRole::kStandalone) {
+  TransferEngineOptions options;
+  options.protocol = protocol;
+  options.role = role;
+  auto engine = TransferEngine::Create(options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+// Reads [offset, offset + length) and checks it against the peer's pattern.
+void ExpectPattern(TransferEngine& engine, SegmentHandle segment, uint64_t offset, uint64_t length,
+                   RouteKind expected_route) {
+  std::vector<uint8_t> buf(length);
+  TransferRequest r{TransferOp::kRead, buf.data(), segment, offset, length};
+  auto results = engine.TransferSync({&r, 1}, 20s);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_TRUE((*results)[0].status.ok()) << (*results)[0].status;
+  EXPECT_EQ((*results)[0].bytes, length);
+  EXPECT_EQ((*results)[0].route, expected_route);
+  for (uint64_t i = 0; i < length; ++i) {
+    ASSERT_EQ(buf[i], PatternByte(offset + i)) << "byte " << offset + i;
+  }
+}
+
+// Writes a fresh pattern and reads it back through the same route.
+void ExpectWriteReadBack(TransferEngine& engine, SegmentHandle segment, uint64_t offset,
+                         uint64_t length) {
+  std::vector<uint8_t> out(length), in(length);
+  for (uint64_t i = 0; i < length; ++i) out[i] = static_cast<uint8_t>(i * 7 + 3);
+  TransferRequest w{TransferOp::kWrite, out.data(), segment, offset, length};
+  auto written = engine.TransferSync({&w, 1}, 20s);
+  ASSERT_TRUE(written.ok() && (*written)[0].status.ok());
+  TransferRequest r{TransferOp::kRead, in.data(), segment, offset, length};
+  auto read = engine.TransferSync({&r, 1}, 20s);
+  ASSERT_TRUE(read.ok() && (*read)[0].status.ok());
+  EXPECT_EQ(in, out);
+}
+
+TEST(MultiProcessTest, TwoProcessesOnOneHostTakeShm) {
+  auto peer = SpawnPeer({});
+  auto engine = MakeEngine("auto");
+  ASSERT_TRUE(engine);
+  auto segment = engine->OpenSegment(peer.address(), "e2e");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(engine->SegmentRoute(*segment).value(), RouteKind::kSameHostShm);
+  ExpectPattern(*engine, *segment, 12345, 3 << 20, RouteKind::kSameHostShm);
+  ExpectWriteReadBack(*engine, *segment, 40 << 20, 5 << 20);
+}
+
+TEST(MultiProcessTest, DifferentHostIdsTakeTcp) {
+  auto peer = SpawnPeer({}, {{"LARDER_HOST_ID", "e2e-other-host"}});
+  auto engine = MakeEngine("auto");
+  ASSERT_TRUE(engine);
+  auto segment = engine->OpenSegment(peer.address(), "e2e");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(engine->SegmentRoute(*segment).value(), RouteKind::kTcp);
+  EXPECT_EQ(engine->SegmentInfo(*segment)->host_id, "e2e-other-host");
+  ExpectPattern(*engine, *segment, 777, 3 << 20, RouteKind::kTcp);
+  ExpectWriteReadBack(*engine, *segment, 1 << 20, 9 << 20);
+}
+
+// Sets an environment variable for one scope and restores the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(MultiProcessTest, LarderProtocolTcpForcesTheNetworkOnOneHost) {
+  auto peer = SpawnPeer({});
+  ScopedEnv pd("LARDER_PROTOCOL", "tcp");
+  ScopedEnv store("LARDER_STORE_PROTOCOL", nullptr);
+  auto engine = MakeEngine("");
+  ASSERT_TRUE(engine);
+  auto segment = engine->OpenSegment(peer.address(), "e2e");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(engine->SegmentRoute(*segment).value(), RouteKind::kTcp);
+  ExpectPattern(*engine, *segment, 0, 1 << 20, RouteKind::kTcp);
+}
+
+TEST(MultiProcessTest, StoreAndPdEnginesTakeTheirOwnProtocols) {
+  auto peer = SpawnPeer({});
+  ScopedEnv pd("LARDER_PROTOCOL", "tcp");
+  ScopedEnv store("LARDER_STORE_PROTOCOL", "shm,tcp");
+  auto pd_engine = MakeEngine("", EngineRole::kStandalone);
+  auto store_engine = MakeEngine("", EngineRole::kStore);
+  ASSERT_TRUE(pd_engine && store_engine);
+  auto pd_segment = pd_engine->OpenSegment(peer.address(), "e2e");
+  auto store_segment = store_engine->OpenSegment(peer.address(), "e2e");
+  ASSERT_TRUE(pd_segment.ok() && store_segment.ok());
+  EXPECT_EQ(pd_engine->SegmentRoute(*pd_segment).value(), RouteKind::kTcp);
+  EXPECT_EQ(store_engine->SegmentRoute(*store_segment).value(), RouteKind::kSameHostShm);
+  // Resolving the store protocol never rewrote the PD variable.
+  EXPECT_STREQ(std::getenv("LARDER_PROTOCOL"), "tcp");
+}
+
+TEST(MultiProcessTest, RefusedHandoffFallsBackToTcp) {
+  // The peer lets only a uid that is not ours map its segments.
+  uint32_t other_uid = static_cast<uint32_t>(getuid()) + 12345;
+  auto peer = SpawnPeer({"--allowed-uid", std::to_string(other_uid)});
+  auto engine = MakeEngine("auto");
+  ASSERT_TRUE(engine);
+  auto segment = engine->OpenSegment(peer.address(), "e2e");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(engine->SegmentRoute(*segment).value(), RouteKind::kTcp);
+  ExpectPattern(*engine, *segment, 4096, 1 << 20, RouteKind::kTcp);
+
+  auto shm_only = MakeEngine("shm");
+  ASSERT_TRUE(shm_only);
+  auto refused = shm_only->OpenSegment(peer.address(), "e2e");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status();
+}
+
+// Runs `body` in a forked child that first switches to `uid`; returns what it wrote to the pipe.
+std::string RunAsUid(uint32_t uid, const std::function<std::string()>& body) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::string out;
+    if (setgid(uid) != 0 || setuid(uid) != 0) {
+      out = "setuid failed";
+    } else {
+      out = body();
+    }
+    ssize_t n = write(fds[1], out.data(), out.size());
+    (void)n;
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return out;
+}
+
+TEST(MultiProcessTest, HandoffToAnotherUidIsPermissionDenied) {
+  if (getuid() != 0) {
+    GTEST_SKIP() << "needs root to run a peer process under another uid";
+  }
+  auto peer = SpawnPeer({});
+  std::string address = peer.address();
+  // A process of uid 65534 (nobody) on the same host: the owner checks SO_PEERCRED and refuses.
+  std::string shm_only = RunAsUid(65534, [&] {
+    TransferEngineOptions options;
+    options.protocol = "shm";
+    auto engine = TransferEngine::Create(options);
+    if (!engine.ok()) return "create: " + engine.status().ToString();
+    auto segment = (*engine)->OpenSegment(address, "e2e");
+    return segment.ok() ? std::string("opened") : segment.status().ToString();
+  });
+  EXPECT_EQ(shm_only.rfind("PermissionDenied", 0), 0u) << shm_only;
+  EXPECT_NE(shm_only.find("uid 65534"), std::string::npos) << shm_only;
+  // With auto, the same process falls back to tcp and reads the data.
+  std::string fallback = RunAsUid(65534, [&] {
+    TransferEngineOptions options;
+    options.protocol = "auto";
+    auto engine = TransferEngine::Create(options);
+    if (!engine.ok()) return "create: " + engine.status().ToString();
+    auto segment = (*engine)->OpenSegment(address, "e2e");
+    if (!segment.ok()) return segment.status().ToString();
+    std::vector<uint8_t> buf(4096);
+    TransferRequest r{TransferOp::kRead, buf.data(), *segment, 0, buf.size()};
+    auto results = (*engine)->TransferSync({&r, 1}, 10s);
+    if (!results.ok()) return results.status().ToString();
+    if (!(*results)[0].status.ok()) return (*results)[0].status.ToString();
+    for (size_t i = 0; i < buf.size(); ++i) {
+      if (buf[i] != PatternByte(i)) return std::string("wrong bytes");
+    }
+    return "route " + std::string(RouteKindName((*results)[0].route));
+  });
+  EXPECT_EQ(fallback, "route tcp");
+}
+
+TEST(MultiProcessTest, KilledTargetFailsInFlightRequestsAndEngineKeepsWorking) {
+  auto doomed = SpawnPeer({"--segment-size", std::to_string(256 << 20)});
+  auto healthy = SpawnPeer({});
+  auto engine = MakeEngine("tcp");
+  ASSERT_TRUE(engine);
+  auto doomed_segment = engine->OpenSegment(doomed.address(), "e2e");
+  auto healthy_segment = engine->OpenSegment(healthy.address(), "e2e");
+  ASSERT_TRUE(doomed_segment.ok() && healthy_segment.ok());
+
+  // A batch large enough to be in flight when the target dies.
+  const size_t kRequests = 512;
+  const uint64_t kBlock = 1 << 20;
+  std::vector<uint8_t> buf(kRequests * kBlock);
+  std::vector<TransferRequest> requests;
+  for (size_t i = 0; i < kRequests; ++i) {
+    requests.push_back({TransferOp::kRead, buf.data() + i * kBlock, *doomed_segment,
+                        (i % 256) * kBlock, kBlock});
+  }
+  auto batch = engine->Submit(requests, 10s);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  doomed.Kill(SIGKILL);
+  auto started = std::chrono::steady_clock::now();
+  ASSERT_TRUE(engine->Wait(*batch, 30s).ok()) << "the engine hung on a dead peer";
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 12s);
+  auto results = engine->Results(*batch);
+  ASSERT_TRUE(results.ok());
+  size_t failed = 0;
+  for (const auto& r : *results) {
+    if (r.status.ok()) continue;
+    ++failed;
+    EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status;
+    EXPECT_NE(r.status.message().find(doomed.address()), std::string::npos) << r.status;
+  }
+  EXPECT_GT(failed, 0u) << "every request finished before the kill; the test proved nothing";
+  ASSERT_TRUE(engine->Release(*batch).ok());
+  doomed.Stop(1s);
+
+  // Later requests to the dead peer fail fast with Unavailable (backoff, no hang).
+  std::vector<uint8_t> small(4096);
+  TransferRequest again{TransferOp::kRead, small.data(), *doomed_segment, 0, small.size()};
+  auto t0 = std::chrono::steady_clock::now();
+  auto retry = engine->TransferSync({&again, 1}, 5s);
+  ASSERT_TRUE(retry.ok());
+  EXPECT_EQ((*retry)[0].status.code(), StatusCode::kUnavailable) << (*retry)[0].status;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
+
+  // Other peers are unaffected.
+  ExpectPattern(*engine, *healthy_segment, 0, 2 << 20, RouteKind::kTcp);
+}
+
+TEST(MultiProcessTest, ShmMappingOutlivesItsOwner) {
+  // A mapped memfd stays valid memory after its owner dies: peers read the last contents instead
+  // of crashing (the store master unmounts the segment so no new reads are routed to it).
+  auto peer = SpawnPeer({});
+  auto engine = MakeEngine("auto");
+  ASSERT_TRUE(engine);
+  auto segment = engine->OpenSegment(peer.address(), "e2e");
+  ASSERT_TRUE(segment.ok());
+  ASSERT_EQ(engine->SegmentRoute(*segment).value(), RouteKind::kSameHostShm);
+  peer.Kill(SIGKILL);
+  peer.Stop(5s);
+  ExpectPattern(*engine, *segment, 1 << 20, 1 << 20, RouteKind::kSameHostShm);
+}
+
+}  // namespace
+}  // namespace larder

@@ -1,0 +1,61 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Child processes for benchmarks, the demo and end-to-end tests: spawn a program, read the
+// address it announces ("READY <ip:port>" on stdout), and stop it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "larder/status.h"
+
+namespace larder::bench {
+
+// A running child. Its stdin is a pipe held by the parent: children serve until it closes, so
+// they never outlive a crashed parent. Destruction kills (SIGKILL) and reaps a child still running.
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ~ChildProcess();
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+
+  // Runs `argv` (argv[0] is the path) with `env` added to this process's environment, and waits
+  // until it prints "READY <address>" (returned by address()) or `timeout` passes.
+  static Result<ChildProcess> Spawn(const std::vector<std::string>& argv,
+                                    const std::map<std::string, std::string>& env,
+                                    std::chrono::milliseconds timeout);
+
+  pid_t pid() const { return pid_; }
+  const std::string& address() const { return address_; }
+  // Sends `signal` (e.g. SIGKILL for crash tests).
+  void Kill(int signal);
+  // Closes its stdin and waits up to `timeout` for it to exit; kills it after that. Exit status.
+  int Stop(std::chrono::milliseconds timeout);
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;
+  int stdout_fd_ = -1;
+  std::string address_;
+};
+
+// Path of the running executable.
+std::string SelfExecutable();
+
+// Announces readiness to a parent that spawned us with ChildProcess::Spawn.
+void AnnounceReady(const std::string& address);
+
+// Blocks SIGTERM and SIGINT in the calling thread and in every thread it starts afterwards, so
+// that WaitForParentOrSignal can take them. Call first thing in main.
+void BlockTerminationSignals();
+
+// Blocks until stdin reaches EOF (the parent closed it or died) or SIGTERM/SIGINT arrives.
+// REQUIRES: BlockTerminationSignals() ran before any thread was started.
+void WaitForParentOrSignal();
+
+}  // namespace larder::bench

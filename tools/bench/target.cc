@@ -1,0 +1,45 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include "bench/target.h"
+
+#include <cstring>
+
+#include "larder/transfer_engine.h"
+
+namespace larder::bench {
+
+Status RunTarget(const TargetOptions& options) {
+  TransferEngineOptions engine_options;
+  engine_options.protocol = options.protocol;
+  engine_options.listen_address = options.listen_address;
+  engine_options.auth_token = options.auth_token;
+  engine_options.use_huge_pages = options.huge_pages;
+  LARDER_ASSIGN_OR_RETURN(auto engine, TransferEngine::Create(engine_options));
+  LARDER_ASSIGN_OR_RETURN(auto memory, engine->AllocateSegmentMemory(options.segment_size));
+  // Fault every page in now so that the first measurement does not pay for it.
+  std::memset(memory->data(), options.fill, memory->size());
+  LARDER_ASSIGN_OR_RETURN(SegmentId id, engine->RegisterSegment(options.segment_name, memory));
+  (void)id;
+  AnnounceReady(engine->address());
+  WaitForParentOrSignal();
+  return Status();
+}
+
+Result<ChildProcess> SpawnTarget(const TargetOptions& options,
+                                 const std::map<std::string, std::string>& env) {
+  std::vector<std::string> argv = {SelfExecutable(),
+                                   "target",
+                                   "--listen",
+                                   options.listen_address,
+                                   "--segment-size",
+                                   std::to_string(options.segment_size),
+                                   "--segment-name",
+                                   options.segment_name,
+                                   "--protocol",
+                                   options.protocol};
+  if (options.huge_pages) argv.push_back("--huge-pages");
+  std::map<std::string, std::string> child_env = env;
+  if (!options.auth_token.empty()) child_env["LARDER_AUTH_TOKEN"] = options.auth_token;
+  return ChildProcess::Spawn(argv, child_env, std::chrono::seconds(60));
+}
+
+}  // namespace larder::bench

@@ -1,0 +1,33 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// A benchmark target: an engine that exports one segment and serves it until its parent goes away.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "bench/process.h"
+#include "larder/status.h"
+
+namespace larder::bench {
+
+struct TargetOptions {
+  std::string listen_address = "127.0.0.1:0";  // data server address
+  uint64_t segment_size = 1ULL << 30;           // bytes exported
+  std::string segment_name = "bench";
+  std::string protocol = "auto";  // "auto" also serves shm handoffs
+  std::string auth_token;         // empty: LARDER_AUTH_TOKEN or none
+  bool huge_pages = false;
+  uint8_t fill = 0x5a;  // every byte of the segment starts with this value
+};
+
+// Creates the engine and segment, prints "READY <address>", and serves until stdin closes or
+// SIGTERM/SIGINT. REQUIRES: BlockTerminationSignals() ran first.
+Status RunTarget(const TargetOptions& options);
+
+// Starts `<this executable> target ...` with `options` and extra environment `env`.
+Result<ChildProcess> SpawnTarget(const TargetOptions& options,
+                                 const std::map<std::string, std::string>& env = {});
+
+}  // namespace larder::bench

@@ -1,0 +1,108 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// larder-bench: benchmarks that print numbers. Subcommands:
+//   transfer  READ/WRITE bandwidth and latency of the transfer engine next to memcpy
+//   target    serve one segment for `transfer --target` (started automatically otherwise)
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "bench/process.h"
+#include "bench/target.h"
+#include "bench/transfer_bench.h"
+#include "common/env.h"
+
+namespace {
+
+// CLI11 transform that accepts sizes such as 4K, 64M, 1G and rewrites them to bytes.
+CLI::Validator ByteSize() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        auto parsed = larder::ParseByteSize(value);
+        if (!parsed.ok()) return parsed.status().message();
+        value = std::to_string(*parsed);
+        return "";
+      },
+      "SIZE", "byte size (4K, 64M, 1G)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  larder::bench::BlockTerminationSignals();
+  CLI::App app{"larder-bench: Larder benchmarks (numbers, not pass/fail)"};
+  app.require_subcommand(1);
+
+  larder::bench::TransferBenchOptions transfer;
+  std::string ops = "read,write";
+  std::string block_sizes = "4K,64K,4M,64M";
+  auto* t = app.add_subcommand("transfer", "READ/WRITE bandwidth and latency vs memcpy");
+  t->add_option("--transport", transfer.transport, "auto | local | shm | tcp")
+      ->check(CLI::IsMember({"auto", "local", "shm", "tcp"}))
+      ->capture_default_str();
+  t->add_option("--op", ops, "read, write, or read,write")->capture_default_str();
+  t->add_option("--block-size", block_sizes, "comma list of block sizes (4K, 64K, 4M, 64M)")
+      ->capture_default_str();
+  t->add_option("--batch", transfer.batch, "requests per Submit")->capture_default_str();
+  t->add_option("--threads", transfer.threads, "submitting threads (memcpy uses as many)")
+      ->capture_default_str();
+  t->add_option("--duration", transfer.duration_s, "seconds per measurement")->capture_default_str();
+  t->add_option("--segment-size", transfer.segment_size, "bytes of the target segment")
+      ->transform(ByteSize())
+      ->default_str("1G");
+  t->add_option("--working-set", transfer.working_set,
+                "bytes of the segment swept by offsets (default: the whole segment; equal to the "
+                "block size: one cache-hot range)")
+      ->transform(ByteSize());
+  t->add_option("--target", transfer.target, "ip:port of a running `larder-bench target`");
+  t->add_option("--copy-threads", transfer.copy_threads, "engine copy threads (0: default)");
+  t->add_option("--token", transfer.auth_token, "cluster token (default: LARDER_AUTH_TOKEN)");
+  t->add_flag("--json", transfer.json, "one JSON object per line");
+
+  larder::bench::TargetOptions target;
+  uint64_t target_segment = target.segment_size;
+  auto* g = app.add_subcommand("target", "export one segment and serve it");
+  g->add_option("--listen", target.listen_address, "data server address")->capture_default_str();
+  g->add_option("--segment-size", target_segment, "bytes to export")->transform(ByteSize())->default_str("1G");
+  g->add_option("--segment-name", target.segment_name, "segment name")->capture_default_str();
+  g->add_option("--protocol", target.protocol, "routes this engine enables")->capture_default_str();
+  g->add_flag("--huge-pages", target.huge_pages, "use 2 MiB huge pages when available");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (g->parsed()) {
+    target.segment_size = target_segment;
+    auto status = larder::bench::RunTarget(target);
+    if (!status.ok()) {
+      std::cerr << "larder-bench target: " << status << "\n";
+      return 1;
+    }
+    return 0;
+  }
+
+  transfer.ops.clear();
+  for (size_t start = 0; start <= ops.size();) {
+    size_t comma = ops.find(',', start);
+    transfer.ops.push_back(ops.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  transfer.block_sizes.clear();
+  for (size_t start = 0; start <= block_sizes.size();) {
+    size_t comma = block_sizes.find(',', start);
+    auto size = larder::ParseByteSize(
+        block_sizes.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (!size.ok()) {
+      std::cerr << "larder-bench transfer: --block-size: " << size.status().message() << "\n";
+      return 2;
+    }
+    transfer.block_sizes.push_back(*size);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  auto rows = larder::bench::RunTransferBench(transfer, std::cout);
+  if (!rows.ok()) {
+    std::cerr << "larder-bench transfer: " << rows.status() << "\n";
+    return 1;
+  }
+  return 0;
+}
