@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
   t->add_option("--batch", transfer.batch, "requests per Submit")->capture_default_str();
   t->add_option("--threads", transfer.threads, "submitting threads (memcpy uses as many)")
       ->capture_default_str();
-  t->add_option("--duration", transfer.duration_s, "seconds per measurement")->capture_default_str();
+  t->add_option("--duration", transfer.duration_s, "seconds per measurement")
+      ->capture_default_str();
   t->add_option("--segment-size", transfer.segment_size, "bytes of the target segment")
       ->transform(ByteSize())
       ->default_str("1G");
@@ -62,7 +63,9 @@ int main(int argc, char** argv) {
   uint64_t target_segment = target.segment_size;
   auto* g = app.add_subcommand("target", "export one segment and serve it");
   g->add_option("--listen", target.listen_address, "data server address")->capture_default_str();
-  g->add_option("--segment-size", target_segment, "bytes to export")->transform(ByteSize())->default_str("1G");
+  g->add_option("--segment-size", target_segment, "bytes to export")
+      ->transform(ByteSize())
+      ->default_str("1G");
   g->add_option("--segment-name", target.segment_name, "segment name")->capture_default_str();
   g->add_option("--protocol", target.protocol, "routes this engine enables")->capture_default_str();
   g->add_flag("--huge-pages", target.huge_pages, "use 2 MiB huge pages when available");
@@ -82,7 +85,8 @@ int main(int argc, char** argv) {
   transfer.ops.clear();
   for (size_t start = 0; start <= ops.size();) {
     size_t comma = ops.find(',', start);
-    transfer.ops.push_back(ops.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    transfer.ops.push_back(
+        ops.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }

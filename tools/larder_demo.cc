@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   larder::bench::DemoOptions options;
   app.add_option("--size", options.transfer_bytes, "bytes moved per direction and route")
       ->capture_default_str();
-  app.add_option("--rounds", options.rounds, "repetitions per direction and route")->capture_default_str();
+  app.add_option("--rounds", options.rounds, "repetitions per direction and route")
+      ->capture_default_str();
   larder::bench::TargetOptions target;
   auto* g = app.add_subcommand("target", "(internal) the demo's target process");
   g->add_option("--listen", target.listen_address);

@@ -2,8 +2,8 @@
 //
 // larder::Status and larder::Result<T>: the one error vocabulary of Larder.
 //
-// A Status is either OK or carries a code (abseil's canonical set) and a message that names the key,
-// segment, peer or fd involved. Result<T> holds either a value or a non-OK Status. Both are
+// A Status is either OK or carries a code (abseil's canonical set) and a message that names the
+// key, segment, peer or fd involved. Result<T> holds either a value or a non-OK Status. Both are
 // [[nodiscard]]: a dropped error is a compile-time warning (and an error with -Werror).
 //
 // How to react to a code:
@@ -117,10 +117,9 @@ class [[nodiscard]] Result {
   }
   Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
   // Converts from anything convertible to T (e.g. shared_ptr<Derived> to shared_ptr<Base>).
-  template <typename U,
-            typename = std::enable_if_t<std::is_convertible_v<U&&, T> &&
-                                        !std::is_same_v<std::decay_t<U>, T> &&
-                                        !std::is_convertible_v<U&&, Status>>>
+  template <typename U, typename = std::enable_if_t<std::is_convertible_v<U&&, T> &&
+                                                    !std::is_same_v<std::decay_t<U>, T> &&
+                                                    !std::is_convertible_v<U&&, Status>>>
   Result(U&& value) : value_(T(std::forward<U>(value))) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return std::holds_alternative<T>(value_); }
@@ -149,9 +148,9 @@ class [[nodiscard]] Result {
 #define LARDER_CONCAT_(a, b) LARDER_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (a Status) is not OK.
-#define LARDER_RETURN_IF_ERROR(expr)              \
-  do {                                            \
-    ::larder::Status larder_status_ = (expr);     \
+#define LARDER_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::larder::Status larder_status_ = (expr);        \
     if (!larder_status_.ok()) return larder_status_; \
   } while (0)
 

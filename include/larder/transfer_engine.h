@@ -166,8 +166,8 @@ struct TransferRequest {
 };
 
 struct TransferResult {
-  Status status;               // of this request alone
-  uint64_t bytes = 0;          // bytes moved; equals length when status is OK
+  Status status;                       // of this request alone
+  uint64_t bytes = 0;                  // bytes moved; equals length when status is OK
   RouteKind route = RouteKind::kNone;  // route that moved the (last) bytes
 };
 
@@ -222,15 +222,15 @@ class TransferEngine {
 
   // Fetches the segment descriptors that the engine at `address` ("ip:port") exports, from that
   // engine itself. Unavailable when it cannot be reached; PermissionDenied on a token mismatch.
-  virtual Result<std::vector<SegmentDescriptor>> ListPeerSegments(const std::string& address,
-                                                                  std::chrono::milliseconds
-                                                                      timeout) = 0;
+  virtual Result<std::vector<SegmentDescriptor>> ListPeerSegments(
+      const std::string& address, std::chrono::milliseconds timeout) = 0;
   // Opens a segment and picks its route: local, then shm (confirmed by the fd handoff), then tcp,
   // restricted to the enabled protocols. A failed shm handoff falls back to tcp (logged once per
   // peer). NotFound when no enabled route reaches it.
   virtual Result<SegmentHandle> OpenSegment(const SegmentDescriptor& descriptor) = 0;
   // ListPeerSegments(address) then OpenSegment of the one named `name`.
-  virtual Result<SegmentHandle> OpenSegment(const std::string& address, const std::string& name) = 0;
+  virtual Result<SegmentHandle> OpenSegment(const std::string& address,
+                                            const std::string& name) = 0;
   virtual Status CloseSegment(SegmentHandle handle) = 0;
   // The route requests to this segment take (fallbacks may still move a slice elsewhere).
   virtual Result<RouteKind> SegmentRoute(SegmentHandle handle) const = 0;
@@ -244,8 +244,9 @@ class TransferEngine {
   // before Submit returns. Each request must finish within `timeout` (0: default_timeout).
   // Fails as a whole only for an empty or oversized batch (InvalidArgument).
   // REQUIRES: local buffers stay valid and untouched until the batch is complete.
-  virtual Result<BatchId> Submit(std::span<const TransferRequest> requests,
-                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
+  virtual Result<BatchId> Submit(
+      std::span<const TransferRequest> requests,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
   // True when every request of the batch has finished. NotFound for unknown ids.
   virtual Result<bool> Poll(BatchId batch) = 0;
   // Blocks until the batch is complete (OK) or `timeout` passes (DeadlineExceeded; the batch keeps
@@ -260,9 +261,9 @@ class TransferEngine {
   virtual Status Release(BatchId batch) = 0;
 
   // Submit + Wait + Results + Release. Returns the per-request results, or the Submit/Wait error.
-  Result<std::vector<TransferResult>> TransferSync(std::span<const TransferRequest> requests,
-                                                   std::chrono::milliseconds timeout =
-                                                       std::chrono::milliseconds(0));
+  Result<std::vector<TransferResult>> TransferSync(
+      std::span<const TransferRequest> requests,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 };
 
 // The protocol string that applies to `role` given explicit config `configured` (wins when

@@ -14,8 +14,8 @@ namespace larder {
 // The value of environment variable `name`, or "" when unset.
 std::string GetEnv(const char* name);
 
-// Parses a byte size: "4096", "4K", "64KiB", "4M", "1G", "2gb" (binary multiples, case-insensitive).
-// InvalidArgument for anything else, for zero when !allow_zero, and on overflow.
+// Parses a byte size: "4096", "4K", "64KiB", "4M", "1G", "2gb" (binary multiples,
+// case-insensitive). InvalidArgument for anything else, for zero when !allow_zero, and on overflow.
 Result<uint64_t> ParseByteSize(std::string_view text, bool allow_zero = false);
 
 // "4K", "64K", "4M", "1G" when exact, else bytes.

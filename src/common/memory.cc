@@ -44,8 +44,8 @@ Result<std::shared_ptr<MemoryRegion>> AllocateAnonymous(size_t size, bool huge_p
 
 namespace {
 
-Result<std::shared_ptr<MemoryRegion>> MapMemfd(const std::string& name, size_t size,
-                                               unsigned flags, bool huge) {
+Result<std::shared_ptr<MemoryRegion>> MapMemfd(const std::string& name, size_t size, unsigned flags,
+                                               bool huge) {
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
   if (fd < 0) return ErrnoToStatus(errno, "memfd_create " + name);
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {

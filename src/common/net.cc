@@ -55,8 +55,8 @@ sockaddr_un AbstractAddress(const std::string& name, socklen_t* len) {
 Deadline CoarseNow() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return Deadline(std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(ts.tv_sec) +
-                                                              std::chrono::nanoseconds(ts.tv_nsec)));
+  return Deadline(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
 }
 
 void Fd::Reset() {
@@ -78,9 +78,11 @@ Result<HostPort> ParseHostPort(std::string_view address) {
   }
   uint32_t port = 0;
   for (char c : address.substr(colon + 1)) {
-    if (c < '0' || c > '9') return InvalidArgumentError("bad port in '" + std::string(address) + "'");
+    if (c < '0' || c > '9')
+      return InvalidArgumentError("bad port in '" + std::string(address) + "'");
     port = port * 10 + static_cast<uint32_t>(c - '0');
-    if (port > 65535) return InvalidArgumentError("port out of range in '" + std::string(address) + "'");
+    if (port > 65535)
+      return InvalidArgumentError("port out of range in '" + std::string(address) + "'");
   }
   hp.port = static_cast<uint16_t>(port);
   return hp;
@@ -89,9 +91,9 @@ Result<HostPort> ParseHostPort(std::string_view address) {
 void TuneTcpSocket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int buf = 4 * 1024 * 1024;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  // Socket buffer sizes are left to the kernel: setting SO_SNDBUF/SO_RCVBUF turns autotuning off
+  // and caps them at net.core.[rw]mem_max (about 200 KiB by default), far below what autotuning
+  // reaches (net.ipv4.tcp_[rw]mem, several MiB).
 }
 
 Result<Fd> TcpListen(const HostPort& address, int backlog) {
@@ -239,7 +241,8 @@ Status SendWithFd(int fd, const void* data, size_t len, int pass_fd) {
     n = sendmsg(fd, &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return ErrnoToStatus(errno, "sendmsg fd " + std::to_string(fd));
-  if (static_cast<size_t>(n) != len) return UnavailableError("short sendmsg on fd " + std::to_string(fd));
+  if (static_cast<size_t>(n) != len)
+    return UnavailableError("short sendmsg on fd " + std::to_string(fd));
   return Status();
 }
 

@@ -67,9 +67,9 @@ Result<Fd> TcpListen(const HostPort& address, int backlog = 128);
 // The port a bound socket listens on.
 Result<uint16_t> BoundPort(int fd);
 // Connects before `deadline`. Unavailable when refused or unreachable, DeadlineExceeded on timeout.
-// The socket gets TCP_NODELAY and large buffers.
+// The socket gets TCP_NODELAY; buffer sizes stay autotuned.
 Result<Fd> TcpConnect(const HostPort& address, Deadline deadline);
-// Applies TCP_NODELAY and large socket buffers to an accepted socket.
+// Applies TCP_NODELAY to an accepted socket.
 void TuneTcpSocket(int fd);
 
 // Listens on the abstract Unix socket `name` (no leading NUL; the namespace is per network
@@ -77,7 +77,8 @@ void TuneTcpSocket(int fd);
 Result<Fd> UnixListenAbstract(const std::string& name);
 Result<Fd> UnixConnectAbstract(const std::string& name, Deadline deadline);
 
-// Writes/reads exactly `len` bytes before `deadline`. A closed peer gives Unavailable naming `peer`.
+// Writes/reads exactly `len` bytes before `deadline`. A closed peer gives Unavailable naming
+// `peer`.
 Status SendAll(int fd, const void* data, size_t len, Deadline deadline, std::string_view peer);
 Status SendAllV(int fd, struct iovec* iov, int iovcnt, Deadline deadline, std::string_view peer);
 Status RecvAll(int fd, void* data, size_t len, Deadline deadline, std::string_view peer);

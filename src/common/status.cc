@@ -8,22 +8,38 @@ namespace larder {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kCancelled: return "Cancelled";
-    case StatusCode::kUnknown: return "Unknown";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kResourceExhausted: return "ResourceExhausted";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kAborted: return "Aborted";
-    case StatusCode::kOutOfRange: return "OutOfRange";
-    case StatusCode::kUnimplemented: return "Unimplemented";
-    case StatusCode::kInternal: return "Internal";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kDataLoss: return "DataLoss";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kCancelled:
+      return "Cancelled";
+    case StatusCode::kUnknown:
+      return "Unknown";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kAborted:
+      return "Aborted";
+    case StatusCode::kOutOfRange:
+      return "OutOfRange";
+    case StatusCode::kUnimplemented:
+      return "Unimplemented";
+    case StatusCode::kInternal:
+      return "Internal";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kDataLoss:
+      return "DataLoss";
   }
   return "Unknown";
 }
@@ -57,9 +73,7 @@ Status Status::WithContext(std::string_view context) const {
   return Status(code(), std::move(message));
 }
 
-std::ostream& operator<<(std::ostream& os, const Status& status) {
-  return os << status.ToString();
-}
+std::ostream& operator<<(std::ostream& os, const Status& status) { return os << status.ToString(); }
 
 #define LARDER_DEFINE_ERROR_(Name)                          \
   Status Name##Error(std::string message) {                 \
@@ -99,19 +113,32 @@ Status ErrnoToStatus(int err, std::string_view what) {
     case EINTR:
       code = StatusCode::kUnavailable;
       break;
-    case ETIMEDOUT: code = StatusCode::kDeadlineExceeded; break;
-    case ENOENT: code = StatusCode::kNotFound; break;
+    case ETIMEDOUT:
+      code = StatusCode::kDeadlineExceeded;
+      break;
+    case ENOENT:
+      code = StatusCode::kNotFound;
+      break;
     case EACCES:
-    case EPERM: code = StatusCode::kPermissionDenied; break;
+    case EPERM:
+      code = StatusCode::kPermissionDenied;
+      break;
     case ENOMEM:
     case ENOSPC:
     case EMFILE:
-    case ENFILE: code = StatusCode::kResourceExhausted; break;
+    case ENFILE:
+      code = StatusCode::kResourceExhausted;
+      break;
     case EINVAL:
-    case EBADF: code = StatusCode::kInvalidArgument; break;
+    case EBADF:
+      code = StatusCode::kInvalidArgument;
+      break;
     case EEXIST:
-    case EADDRINUSE: code = StatusCode::kAlreadyExists; break;
-    default: break;
+    case EADDRINUSE:
+      code = StatusCode::kAlreadyExists;
+      break;
+    default:
+      break;
   }
   return Status(code, std::move(message));
 }

@@ -36,8 +36,8 @@ Result<std::pair<BatchId, BatchState*>> BatchTable::Acquire() {
     free_.pop_back();
   } else {
     if (owned_.size() >= kMaxBatches) {
-      return ResourceExhaustedError("too many unreleased batches (" +
-                                    std::to_string(kMaxBatches) + "); Release finished ones");
+      return ResourceExhaustedError("too many unreleased batches (" + std::to_string(kMaxBatches) +
+                                    "); Release finished ones");
     }
     index = static_cast<uint32_t>(owned_.size());
     owned_.push_back(std::make_unique<BatchState>());

@@ -10,10 +10,14 @@ namespace larder {
 
 std::string_view RouteKindName(RouteKind route) {
   switch (route) {
-    case RouteKind::kLocal: return "local";
-    case RouteKind::kSameHostShm: return "shm";
-    case RouteKind::kTcp: return "tcp";
-    case RouteKind::kNone: break;
+    case RouteKind::kLocal:
+      return "local";
+    case RouteKind::kSameHostShm:
+      return "shm";
+    case RouteKind::kTcp:
+      return "tcp";
+    case RouteKind::kNone:
+      break;
   }
   return "none";
 }
@@ -24,10 +28,14 @@ std::string_view MemoryKindName(MemoryKind kind) {
 
 std::string SegmentDescriptor::ToJson() const {
   nlohmann::json j = {
-      {"segment_id", segment_id}, {"name", name},
-      {"epoch", epoch},           {"engine_id", engine_id},
-      {"host_id", host_id},       {"tcp_endpoint", tcp_endpoint},
-      {"shm_socket", shm_socket}, {"size", size},
+      {"segment_id", segment_id},
+      {"name", name},
+      {"epoch", epoch},
+      {"engine_id", engine_id},
+      {"host_id", host_id},
+      {"tcp_endpoint", tcp_endpoint},
+      {"shm_socket", shm_socket},
+      {"size", size},
       {"memory_kind", std::string(MemoryKindName(memory_kind))},
   };
   return j.dump();
@@ -89,8 +97,8 @@ Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol) {
   bool any = false;
   while (start <= protocol.size()) {
     size_t comma = protocol.find(',', start);
-    std::string_view name =
-        protocol.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    std::string_view name = protocol.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
     while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
     if (name == "auto") {

@@ -1,8 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,7 +94,8 @@ class Engine final : public TransferEngine, public SliceCallback {
   }
 
   Result<std::shared_ptr<MemoryRegion>> AllocateSegmentMemory(size_t size) override;
-  Result<SegmentId> RegisterSegment(std::string name, std::shared_ptr<MemoryRegion> memory) override;
+  Result<SegmentId> RegisterSegment(std::string name,
+                                    std::shared_ptr<MemoryRegion> memory) override;
   Result<SegmentId> RegisterSegment(std::string name, void* base, size_t size) override;
   Status UnregisterSegment(SegmentId id) override;
   std::vector<SegmentDescriptor> ListSegments() const override { return exports_.List(); }
@@ -102,8 +103,8 @@ class Engine final : public TransferEngine, public SliceCallback {
   Status RegisterLocalMemory(void* ptr, size_t size) override;
   Status UnregisterLocalMemory(void* ptr) override;
 
-  Result<std::vector<SegmentDescriptor>> ListPeerSegments(const std::string& address,
-                                                          std::chrono::milliseconds timeout) override;
+  Result<std::vector<SegmentDescriptor>> ListPeerSegments(
+      const std::string& address, std::chrono::milliseconds timeout) override;
   Result<SegmentHandle> OpenSegment(const SegmentDescriptor& descriptor) override;
   Result<SegmentHandle> OpenSegment(const std::string& address, const std::string& name) override;
   Status CloseSegment(SegmentHandle handle) override;
@@ -179,7 +180,8 @@ Status Engine::Init() {
   check_local_registration_ = options_.require_local_registration;
   std::string names;
   for (auto& t : transports_) {
-    LARDER_RETURN_IF_ERROR(t->Start(context_).WithContext("starting transport " + std::string(t->name())));
+    LARDER_RETURN_IF_ERROR(
+        t->Start(context_).WithContext("starting transport " + std::string(t->name())));
     check_local_registration_ |= t->caps().needs_local_registration;
     names += (names.empty() ? "" : ",") + std::string(t->name());
   }
@@ -236,7 +238,8 @@ Result<SegmentId> Engine::RegisterSegment(std::string name, void* base, size_t s
 Status Engine::UnregisterSegment(SegmentId id) { return exports_.Remove(id); }
 
 Status Engine::RegisterLocalMemory(void* ptr, size_t size) {
-  if (ptr == nullptr || size == 0) return InvalidArgumentError("local memory needs a pointer and size > 0");
+  if (ptr == nullptr || size == 0)
+    return InvalidArgumentError("local memory needs a pointer and size > 0");
   auto start = reinterpret_cast<uintptr_t>(ptr);
   if (start > UINTPTR_MAX - size) return InvalidArgumentError("local memory range overflows");
   std::unique_lock lock(local_mu_);
@@ -246,7 +249,8 @@ Status Engine::RegisterLocalMemory(void* ptr, size_t size) {
   }
   if (next != local_regions_.begin()) {
     auto prev = std::prev(next);
-    if (prev->first + prev->second > start) return AlreadyExistsError("local memory overlaps a registration");
+    if (prev->first + prev->second > start)
+      return AlreadyExistsError("local memory overlaps a registration");
   }
   for (auto& t : transports_) LARDER_RETURN_IF_ERROR(t->RegisterLocalMemory(ptr, size));
   local_regions_.emplace(start, size);
@@ -256,7 +260,8 @@ Status Engine::RegisterLocalMemory(void* ptr, size_t size) {
 Status Engine::UnregisterLocalMemory(void* ptr) {
   std::unique_lock lock(local_mu_);
   auto it = local_regions_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == local_regions_.end()) return NotFoundError("no local memory registered at that address");
+  if (it == local_regions_.end())
+    return NotFoundError("no local memory registered at that address");
   for (auto& t : transports_) LARDER_RETURN_IF_ERROR(t->UnregisterLocalMemory(ptr));
   local_regions_.erase(it);
   return Status();
@@ -290,8 +295,8 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
         last = remote.status();
         if (t->route() == RouteKind::kSameHostShm) {
           WarnOnce("shm-fallback/" + descriptor.engine_id,
-                   "shm handoff to engine " + descriptor.engine_id + " failed (" +
-                       last.ToString() + "); falling back to the next route");
+                   "shm handoff to engine " + descriptor.engine_id + " failed (" + last.ToString() +
+                       "); falling back to the next route");
         }
         continue;
       }
@@ -320,13 +325,14 @@ Result<SegmentHandle> Engine::OpenSegment(const std::string& address, const std:
     if (d.name == name) return OpenSegment(d);
     names += (names.empty() ? "" : ", ") + d.name;
   }
-  return NotFoundError("engine at " + address + " exports no segment '" + name + "' (it has: " +
-                       (names.empty() ? "none" : names) + ")");
+  return NotFoundError("engine at " + address + " exports no segment '" + name +
+                       "' (it has: " + (names.empty() ? "none" : names) + ")");
 }
 
 Status Engine::CloseSegment(SegmentHandle handle) {
   std::unique_lock lock(opened_mu_);
-  if (opened_.erase(handle) == 0) return NotFoundError("no open segment handle " + std::to_string(handle));
+  if (opened_.erase(handle) == 0)
+    return NotFoundError("no open segment handle " + std::to_string(handle));
   close_version_.fetch_add(1);
   return Status();
 }
@@ -371,9 +377,9 @@ Status Engine::ValidateRequest(const TransferRequest& r, const OpenedSegment* se
     return InvalidArgumentError("local buffer range overflows");
   }
   if (check_local_registration_ && !LocalRangeRegistered(r.local, r.length)) {
-    return FailedPreconditionError("local buffer [" + std::to_string(reinterpret_cast<uintptr_t>(r.local)) +
-                                   ", +" + std::to_string(r.length) +
-                                   ") is not inside registered local memory");
+    return FailedPreconditionError(
+        "local buffer [" + std::to_string(reinterpret_cast<uintptr_t>(r.local)) + ", +" +
+        std::to_string(r.length) + ") is not inside registered local memory");
   }
   return Status();
 }
@@ -396,7 +402,8 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
   OpenedSegment* segment = nullptr;
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
-    if (segment == nullptr || segment->handle != r.segment) segment = LookupForBatch(batch, r.segment);
+    if (segment == nullptr || segment->handle != r.segment)
+      segment = LookupForBatch(batch, r.segment);
     Status st = ValidateRequest(r, segment);
     if (!st.ok()) {
       batch->progress[i].status = st.WithContext("request " + std::to_string(i));
@@ -404,7 +411,8 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
       continue;
     }
     uint64_t slices = (r.length + options_.slice_bytes - 1) / options_.slice_bytes;
-    batch->progress[i].pending_slices.store(static_cast<uint32_t>(slices), std::memory_order_relaxed);
+    batch->progress[i].pending_slices.store(static_cast<uint32_t>(slices),
+                                            std::memory_order_relaxed);
     total_slices += slices;
     ++valid;
     batch->request_segment[i] = segment;
@@ -438,7 +446,9 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
       continue;
     }
     batch->dispatch.clear();
-    for (; i < requests.size() && (batch->request_segment[i] == seg || batch->request_segment[i] == nullptr); ++i) {
+    for (; i < requests.size() &&
+           (batch->request_segment[i] == seg || batch->request_segment[i] == nullptr);
+         ++i) {
       if (batch->request_segment[i] == nullptr) continue;
       uint64_t n = (requests[i].length + options_.slice_bytes - 1) / options_.slice_bytes;
       for (uint64_t k = 0; k < n; ++k) batch->dispatch.push_back(&batch->slices[next_slice++]);
@@ -479,10 +489,11 @@ void Engine::OnSliceDone(Slice* slice, Status status) {
   if (!status.ok() && IsRetryable(status) && Clock::now() < slice->deadline) {
     uint32_t attempt = slice->attempt;
     if (OpenedSegment::Route* next = NextRoute(segment, &attempt)) {
-      WarnOnce("retry/" + segment->descriptor.engine_id + "/" + std::string(next->transport->name()),
-               "slice to segment '" + segment->descriptor.name + "' failed on " +
-                   std::string(RouteKindName(route)) + " (" + status.ToString() +
-                   "); retrying on " + std::string(next->transport->name()));
+      WarnOnce(
+          "retry/" + segment->descriptor.engine_id + "/" + std::string(next->transport->name()),
+          "slice to segment '" + segment->descriptor.name + "' failed on " +
+              std::string(RouteKindName(route)) + " (" + status.ToString() + "); retrying on " +
+              std::string(next->transport->name()));
       slice->attempt = attempt;
       Slice* one[1] = {slice};
       next->transport->Submit(*next->remote, one, this);
@@ -499,7 +510,8 @@ void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status, 
   bool last_slice = p.pending_slices.load(std::memory_order_acquire) == 1;
   if (status.ok()) {
     if (last_slice) {
-      p.bytes.store(p.bytes.load(std::memory_order_relaxed) + slice->length, std::memory_order_relaxed);
+      p.bytes.store(p.bytes.load(std::memory_order_relaxed) + slice->length,
+                    std::memory_order_relaxed);
     } else {
       p.bytes.fetch_add(slice->length, std::memory_order_relaxed);
     }
@@ -584,7 +596,8 @@ Status Engine::BatchStatus(BatchId id) {
 
 }  // namespace
 
-Result<std::vector<std::unique_ptr<Transport>>> CreateTransports(const std::vector<RouteKind>& routes) {
+Result<std::vector<std::unique_ptr<Transport>>> CreateTransports(
+    const std::vector<RouteKind>& routes) {
   std::vector<std::unique_ptr<Transport>> transports;
   for (RouteKind route : routes) {
     const TransportFactory* factory = TransportRegistry::Global().Find(route);
@@ -607,7 +620,8 @@ Result<std::unique_ptr<TransferEngine>> CreateEngineWithTransports(
 
 }  // namespace transfer
 
-Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(const TransferEngineOptions& options) {
+Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(
+    const TransferEngineOptions& options) {
   std::string protocol = ResolveProtocol(options.role, options.protocol);
   LARDER_ASSIGN_OR_RETURN(auto routes, ParseProtocol(protocol));
   LARDER_ASSIGN_OR_RETURN(auto transports, transfer::CreateTransports(routes));

@@ -18,6 +18,7 @@ Result<std::unique_ptr<TransferEngine>> CreateEngineWithTransports(
     const TransferEngineOptions& options, std::vector<std::unique_ptr<Transport>> transports);
 
 // The registry's transports for `routes`, in the same order.
-Result<std::vector<std::unique_ptr<Transport>>> CreateTransports(const std::vector<RouteKind>& routes);
+Result<std::vector<std::unique_ptr<Transport>>> CreateTransports(
+    const std::vector<RouteKind>& routes);
 
 }  // namespace larder::transfer

@@ -38,8 +38,8 @@ class TransportRegistry {
 }  // namespace larder::transfer
 
 // Registers `factory_fn` (returning std::unique_ptr<Transport>) at static-initialization time.
-#define LARDER_REGISTER_TRANSPORT(name, route, factory_fn)                                    \
-  [[maybe_unused]] static const bool larder_transport_registered_##name = [] {               \
+#define LARDER_REGISTER_TRANSPORT(name, route, factory_fn)                                \
+  [[maybe_unused]] static const bool larder_transport_registered_##name = [] {            \
     ::larder::transfer::TransportRegistry::Global().Register({#name, route, factory_fn}); \
-    return true;                                                                            \
+    return true;                                                                          \
   }()

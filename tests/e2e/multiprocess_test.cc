@@ -7,9 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
 #include <cstdlib>
 #include <cstring>
-#include <gtest/gtest.h>
 #include <thread>
 
 #include "bench/process.h"
@@ -253,8 +253,8 @@ TEST(MultiProcessTest, KilledTargetFailsInFlightRequestsAndEngineKeepsWorking) {
   std::vector<uint8_t> buf(kRequests * kBlock);
   std::vector<TransferRequest> requests;
   for (size_t i = 0; i < kRequests; ++i) {
-    requests.push_back({TransferOp::kRead, buf.data() + i * kBlock, *doomed_segment,
-                        (i % 256) * kBlock, kBlock});
+    requests.push_back(
+        {TransferOp::kRead, buf.data() + i * kBlock, *doomed_segment, (i % 256) * kBlock, kBlock});
   }
   auto batch = engine->Submit(requests, 10s);
   ASSERT_TRUE(batch.ok()) << batch.status();

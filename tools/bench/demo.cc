@@ -77,23 +77,28 @@ Status RunDemo(const DemoOptions& options, std::ostream& out) {
       bool verified = true;
       for (int r = 0; r < options.rounds; ++r) {
         if (op == TransferOp::kRead) std::memset(sink->data(), 0, options.transfer_bytes);
-        TransferRequest request{op, op == TransferOp::kWrite ? source->data() : sink->data(), segment, 0,
-                                options.transfer_bytes};
+        TransferRequest request{op, op == TransferOp::kWrite ? source->data() : sink->data(),
+                                segment, 0, options.transfer_bytes};
         auto begin = Clock::now();
-        LARDER_ASSIGN_OR_RETURN(auto results, engine->TransferSync({&request, 1}, std::chrono::seconds(60)));
+        LARDER_ASSIGN_OR_RETURN(auto results,
+                                engine->TransferSync({&request, 1}, std::chrono::seconds(60)));
         double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
         LARDER_RETURN_IF_ERROR(results[0].status);
-        if (results[0].route != c.expected) return InternalError("request took an unexpected route");
+        if (results[0].route != c.expected)
+          return InternalError("request took an unexpected route");
         gbps.push_back(static_cast<double>(options.transfer_bytes) / seconds / 1e9);
         if (op == TransferOp::kRead) {
-          verified = verified && std::memcmp(sink->data(), source->data(), options.transfer_bytes) == 0;
+          verified =
+              verified && std::memcmp(sink->data(), source->data(), options.transfer_bytes) == 0;
         }
       }
-      if (!verified) return DataLossError("bytes read back over " + std::string(RouteKindName(route)) + " differ");
+      if (!verified)
+        return DataLossError("bytes read back over " + std::string(RouteKindName(route)) +
+                             " differ");
       table.AddRow({std::string(RouteKindName(route)),
                     c.in_process ? "same process" : "two processes",
-                    op == TransferOp::kWrite ? "write" : "read", FormatByteSize(options.transfer_bytes),
-                    Fixed(Percentile(gbps, 50), 2),
+                    op == TransferOp::kWrite ? "write" : "read",
+                    FormatByteSize(options.transfer_bytes), Fixed(Percentile(gbps, 50), 2),
                     op == TransferOp::kRead ? "yes (every byte)" : "(by the read)"});
     }
   }

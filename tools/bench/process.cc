@@ -80,7 +80,8 @@ Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
   while (true) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return DeadlineExceededError("child " + argv[0] + " did not become ready");
+    if (left.count() <= 0)
+      return DeadlineExceededError("child " + argv[0] + " did not become ready");
     pollfd p{child.stdout_fd_, POLLIN, 0};
     int rc = poll(&p, 1, static_cast<int>(left.count()));
     if (rc < 0 && errno == EINTR) continue;
@@ -113,7 +114,8 @@ int ChildProcess::Stop(std::chrono::milliseconds timeout) {
   int status = 0;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   pid_t done = 0;
-  while ((done = waitpid(pid_, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+  while ((done = waitpid(pid_, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (done == 0) {

@@ -14,7 +14,8 @@ double Percentile(std::vector<double>& samples, double p) {
   p = std::clamp(p, 0.0, 100.0);
   size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(samples.size())));
   size_t index = rank == 0 ? 0 : rank - 1;
-  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(index), samples.end());
+  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(index),
+                   samples.end());
   return samples[index];
 }
 
@@ -25,8 +26,10 @@ ProgressBar::ProgressBar(std::string label, std::chrono::milliseconds total,
   thread_ = std::thread([this] {
     auto start = std::chrono::steady_clock::now();
     while (!stop_.load()) {
-      double done = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
-                    static_cast<double>(total_.count());
+      double done =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count() /
+          static_cast<double>(total_.count());
       done = std::clamp(done, 0.0, 1.0);
       int filled = static_cast<int>(done * 30);
       std::string bar(static_cast<size_t>(filled), '#');
@@ -34,7 +37,8 @@ ProgressBar::ProgressBar(std::string label, std::chrono::milliseconds total,
       std::fprintf(stderr, "\r%-28s [%s] %3d%% %s\033[K", label_.c_str(), bar.c_str(),
                    static_cast<int>(done * 100), status_ ? status_().c_str() : "");
       std::fflush(stderr);
-      for (int i = 0; i < 4 && !stop_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (int i = 0; i < 4 && !stop_.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     std::fprintf(stderr, "\r\033[K");
     std::fflush(stderr);
@@ -57,7 +61,8 @@ std::string Table::ToString() const {
     for (size_t i = 0; i < rows_[r].size(); ++i) {
       std::string cell = rows_[r][i];
       // Numbers right-aligned, text left-aligned.
-      bool numeric = !cell.empty() && (std::isdigit(static_cast<unsigned char>(cell[0])) || cell[0] == '-');
+      bool numeric =
+          !cell.empty() && (std::isdigit(static_cast<unsigned char>(cell[0])) || cell[0] == '-');
       std::string pad(widths[i] - cell.size(), ' ');
       out += numeric && r > 0 ? pad + cell : cell + pad;
       if (i + 1 < rows_[r].size()) out += "  ";

@@ -19,8 +19,8 @@ double Percentile(std::vector<double>& samples, double p);
 // a terminal or `force` is set. Thread-safe to construct and destroy from one thread.
 class ProgressBar {
  public:
-  ProgressBar(std::string label, std::chrono::milliseconds total, std::function<std::string()> status,
-              bool enabled);
+  ProgressBar(std::string label, std::chrono::milliseconds total,
+              std::function<std::string()> status, bool enabled);
   ~ProgressBar();
 
  private:

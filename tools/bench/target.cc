@@ -26,16 +26,11 @@ Status RunTarget(const TargetOptions& options) {
 
 Result<ChildProcess> SpawnTarget(const TargetOptions& options,
                                  const std::map<std::string, std::string>& env) {
-  std::vector<std::string> argv = {SelfExecutable(),
-                                   "target",
-                                   "--listen",
-                                   options.listen_address,
-                                   "--segment-size",
-                                   std::to_string(options.segment_size),
-                                   "--segment-name",
-                                   options.segment_name,
-                                   "--protocol",
-                                   options.protocol};
+  std::vector<std::string> argv = {SelfExecutable(), "target",
+                                   "--listen",       options.listen_address,
+                                   "--segment-size", std::to_string(options.segment_size),
+                                   "--segment-name", options.segment_name,
+                                   "--protocol",     options.protocol};
   if (options.huge_pages) argv.push_back("--huge-pages");
   std::map<std::string, std::string> child_env = env;
   if (!options.auth_token.empty()) child_env["LARDER_AUTH_TOKEN"] = options.auth_token;

@@ -14,7 +14,7 @@ namespace larder::bench {
 
 struct TargetOptions {
   std::string listen_address = "127.0.0.1:0";  // data server address
-  uint64_t segment_size = 1ULL << 30;           // bytes exported
+  uint64_t segment_size = 1ULL << 30;          // bytes exported
   std::string segment_name = "bench";
   std::string protocol = "auto";  // "auto" also serves shm handoffs
   std::string auth_token;         // empty: LARDER_AUTH_TOKEN or none

@@ -59,7 +59,8 @@ Measurement RunThreads(size_t threads, double duration, const std::string& label
     total.requests += m.requests;
     total.bytes += m.bytes;
     total.errors += m.errors;
-    total.latencies_us.insert(total.latencies_us.end(), m.latencies_us.begin(), m.latencies_us.end());
+    total.latencies_us.insert(total.latencies_us.end(), m.latencies_us.begin(),
+                              m.latencies_us.end());
   }
   return total;
 }
@@ -86,10 +87,12 @@ std::string TransferBenchRow::ToJson() const {
 
 Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOptions& o,
                                                        std::ostream& out) {
-  if (o.transport != "auto" && o.transport != "local" && o.transport != "shm" && o.transport != "tcp") {
+  if (o.transport != "auto" && o.transport != "local" && o.transport != "shm" &&
+      o.transport != "tcp") {
     return InvalidArgumentError("--transport must be auto, local, shm or tcp");
   }
-  if (o.batch == 0 || o.threads == 0) return InvalidArgumentError("--batch and --threads must be > 0");
+  if (o.batch == 0 || o.threads == 0)
+    return InvalidArgumentError("--batch and --threads must be > 0");
   if (o.duration_s <= 0) return InvalidArgumentError("--duration must be > 0");
   for (const auto& op : o.ops) {
     if (op != "read" && op != "write") return InvalidArgumentError("--op must be read or write");
@@ -101,7 +104,8 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
   for (uint64_t block : o.block_sizes) {
     if (block == 0 || block > working_set) {
       return InvalidArgumentError("block size " + FormatByteSize(block) +
-                                  " does not fit the working set of " + FormatByteSize(working_set));
+                                  " does not fit the working set of " +
+                                  FormatByteSize(working_set));
     }
   }
 
@@ -158,7 +162,8 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
         locals.push_back(std::move(local));
       }
       bool read = op == "read";
-      std::string label = std::string(RouteKindName(route)) + " " + op + " " + FormatByteSize(block);
+      std::string label =
+          std::string(RouteKindName(route)) + " " + op + " " + FormatByteSize(block);
 
       Measurement ours = RunThreads(
           o.threads, o.duration_s, label, progress,
@@ -169,8 +174,8 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
             m.latencies_us.reserve(1 << 20);
             while (!stop.load(std::memory_order_relaxed)) {
               for (size_t b = 0; b < o.batch; ++b) {
-                requests[b] = {read ? TransferOp::kRead : TransferOp::kWrite, local + b * block, segment,
-                               slot * block, block};
+                requests[b] = {read ? TransferOp::kRead : TransferOp::kWrite, local + b * block,
+                               segment, slot * block, block};
                 slot = slot + 1 == slots ? 0 : slot + 1;
               }
               auto begin = Clock::now();
@@ -185,7 +190,8 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
                 m.errors += o.batch;
                 continue;
               }
-              m.latencies_us.push_back(std::chrono::duration<double, std::micro>(end - begin).count());
+              m.latencies_us.push_back(
+                  std::chrono::duration<double, std::micro>(end - begin).count());
               m.requests += o.batch;
               m.bytes += o.batch * block;
               live.fetch_add(o.batch * block, std::memory_order_relaxed);
@@ -230,10 +236,10 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
       if (o.json) {
         out << row.ToJson() << std::endl;
       }
-      table.AddRow({row.transport, row.route, row.op, FormatByteSize(block), std::to_string(row.batch),
-                    std::to_string(row.threads), Fixed(row.gbps, 2), Fixed(row.p50_us, 2),
-                    Fixed(row.p99_us, 2), Fixed(row.memcpy_gbps, 2), Fixed(row.ratio_vs_memcpy, 2),
-                    std::to_string(row.errors)});
+      table.AddRow({row.transport, row.route, row.op, FormatByteSize(block),
+                    std::to_string(row.batch), std::to_string(row.threads), Fixed(row.gbps, 2),
+                    Fixed(row.p50_us, 2), Fixed(row.p99_us, 2), Fixed(row.memcpy_gbps, 2),
+                    Fixed(row.ratio_vs_memcpy, 2), std::to_string(row.errors)});
       rows.push_back(row);
     }
   }

@@ -18,16 +18,16 @@ struct TransferBenchOptions {
   std::string transport = "auto";  // auto | local | shm | tcp
   std::vector<std::string> ops = {"read", "write"};
   std::vector<uint64_t> block_sizes = {4 << 10, 64 << 10, 4 << 20, 64 << 20};
-  size_t batch = 1;          // requests per Submit
-  size_t threads = 1;        // submitting threads (and memcpy threads)
-  double duration_s = 2.0;   // per measurement
+  size_t batch = 1;         // requests per Submit
+  size_t threads = 1;       // submitting threads (and memcpy threads)
+  double duration_s = 2.0;  // per measurement
   uint64_t segment_size = 1ULL << 30;
   uint64_t working_set = 0;  // bytes of the segment swept by offsets; 0: the whole segment
   std::string target;        // "ip:port" of a running `larder-bench target`; empty: start one
   std::string auth_token;
-  size_t copy_threads = 0;   // engine copy pool; 0: engine default
+  size_t copy_threads = 0;  // engine copy pool; 0: engine default
   bool json = false;
-  bool progress = true;      // progress bar on stderr for runs longer than a second
+  bool progress = true;  // progress bar on stderr for runs longer than a second
 };
 
 struct TransferBenchRow {

@@ -35,10 +35,10 @@ class LocalTransport final : public Transport {
       return FailedPreconditionError("segment '" + descriptor.name + "' belongs to engine " +
                                      descriptor.engine_id + ", not this one");
     }
-    LARDER_ASSIGN_OR_RETURN(ExportedSegment exported,
-                            context_.exports->Get(descriptor.segment_id));
+    LARDER_ASSIGN_OR_RETURN(ExportedSegment exported, context_.exports->Get(descriptor.segment_id));
     if (exported.descriptor.epoch != descriptor.epoch) {
-      return NotFoundError("segment '" + descriptor.name + "' was re-registered (stale descriptor)");
+      return NotFoundError("segment '" + descriptor.name +
+                           "' was re-registered (stale descriptor)");
     }
     return std::make_shared<RemoteSegment>(descriptor);
   }

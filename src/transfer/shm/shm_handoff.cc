@@ -143,10 +143,12 @@ Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const std::stri
   if (!conn.ok()) return UnavailableError(peer + ": " + conn.status().message());
   HandoffServerMessage hello;
   Fd unused;
-  LARDER_RETURN_IF_ERROR(
-      RecvWithFd(conn->get(), &hello, sizeof(hello), &unused, deadline, peer).WithContext("shm handoff"));
-  if (hello.magic != kHandoffMagic) return InternalError(peer + " sent a malformed handoff greeting");
-  if (hello.type == HandoffServerMessage::kReply) return ReplyStatus(hello).WithContext("shm handoff");
+  LARDER_RETURN_IF_ERROR(RecvWithFd(conn->get(), &hello, sizeof(hello), &unused, deadline, peer)
+                             .WithContext("shm handoff"));
+  if (hello.magic != kHandoffMagic)
+    return InternalError(peer + " sent a malformed handoff greeting");
+  if (hello.type == HandoffServerMessage::kReply)
+    return ReplyStatus(hello).WithContext("shm handoff");
   if (hello.need_auth && token.empty()) {
     return PermissionDeniedError(peer + " requires a cluster token and none is configured");
   }

@@ -96,8 +96,8 @@ class ShmTransport final : public Transport {
     int flags = MAP_SHARED | (context_.options->shm_prefault ? MAP_POPULATE : 0);
     void* base = mmap(nullptr, descriptor.size, PROT_READ | PROT_WRITE, flags, fd.get(), 0);
     if (base == MAP_FAILED) {
-      return ErrnoToStatus(errno, "mmap segment '" + descriptor.name + "' of engine " +
-                                      descriptor.engine_id);
+      return ErrnoToStatus(
+          errno, "mmap segment '" + descriptor.name + "' of engine " + descriptor.engine_id);
     }
     auto mapping = std::make_shared<Mapping>();
     mapping->base = static_cast<uint8_t*>(base);

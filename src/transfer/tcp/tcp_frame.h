@@ -27,16 +27,16 @@ inline constexpr uint64_t kMaxFramePayload = 64ULL << 20;
 inline constexpr uint64_t kMaxControlPayload = 16ULL << 20;
 
 enum class FrameType : uint8_t {
-  kHello = 1,        // server -> client on connect; flags & kNeedAuth: payload is a 32 B nonce
-  kAuth = 2,         // client -> server: payload HMAC(token, nonce)
-  kAuthOk = 3,       // server -> client
-  kRead = 4,         // client -> server: read [offset, offset+length) of segment_id
-  kReadReply = 5,    // server -> client: payload = the bytes
-  kWrite = 6,        // client -> server: payload = the bytes for [offset, offset+length)
-  kWriteReply = 7,   // server -> client
-  kDescribe = 8,     // client -> server: list exported segments
+  kHello = 1,          // server -> client on connect; flags & kNeedAuth: payload is a 32 B nonce
+  kAuth = 2,           // client -> server: payload HMAC(token, nonce)
+  kAuthOk = 3,         // server -> client
+  kRead = 4,           // client -> server: read [offset, offset+length) of segment_id
+  kReadReply = 5,      // server -> client: payload = the bytes
+  kWrite = 6,          // client -> server: payload = the bytes for [offset, offset+length)
+  kWriteReply = 7,     // server -> client
+  kDescribe = 8,       // client -> server: list exported segments
   kDescribeReply = 9,  // server -> client: payload = JSON array of descriptors
-  kError = 10,       // server -> client: code + message payload
+  kError = 10,         // server -> client: code + message payload
 };
 
 inline constexpr uint16_t kFlagNeedAuth = 1;
@@ -68,7 +68,8 @@ inline Status DecodeHeader(const uint8_t* in, FrameHeader* h) {
   std::memcpy(&h->magic, in, 4);
   if (h->magic != kFrameMagic) return InvalidArgumentError("bad frame magic");
   uint8_t type = in[4];
-  if (type < static_cast<uint8_t>(FrameType::kHello) || type > static_cast<uint8_t>(FrameType::kError)) {
+  if (type < static_cast<uint8_t>(FrameType::kHello) ||
+      type > static_cast<uint8_t>(FrameType::kError)) {
     return InvalidArgumentError("unknown frame type " + std::to_string(type));
   }
   h->type = static_cast<FrameType>(type);
@@ -83,7 +84,8 @@ inline Status DecodeHeader(const uint8_t* in, FrameHeader* h) {
 
 // The Status carried by a kError frame.
 inline Status ErrorFrameStatus(uint8_t code, std::string message) {
-  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kDataLoss)) code = static_cast<uint8_t>(StatusCode::kInternal);
+  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kDataLoss))
+    code = static_cast<uint8_t>(StatusCode::kInternal);
   return Status(static_cast<StatusCode>(code), std::move(message));
 }
 

@@ -182,7 +182,8 @@ bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, bool* auth
         return false;
       }
       nlohmann::json list = nlohmann::json::array();
-      for (const auto& d : context_.exports->List()) list.push_back(nlohmann::json::parse(d.ToJson()));
+      for (const auto& d : context_.exports->List())
+        list.push_back(nlohmann::json::parse(d.ToJson()));
       std::string body = list.dump();
       FrameHeader reply;
       reply.type = FrameType::kDescribeReply;
