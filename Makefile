@@ -32,11 +32,13 @@ test: deps
 bench: build
 	scripts/bench.sh $(BUILD_DIR)
 
+SOURCES = $(shell find include src tools tests -name '*.cc' -o -name '*.h')
+
 format:
-	git ls-files '*.cc' '*.h' | xargs clang-format -i
+	clang-format -i $(SOURCES)
 
 format-check:
-	git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
+	clang-format --dry-run --Werror $(SOURCES)
 
 clean:
 	rm -rf $(BUILD_DIR) $(TEST_BUILD_DIR)

@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
                 "block size: one cache-hot range)")
       ->transform(ByteSize());
   t->add_option("--target", transfer.target, "ip:port of a running `larder-bench target`");
+  t->add_option("--segment-name", transfer.segment_name, "segment to open on --target")
+      ->capture_default_str();
   t->add_option("--copy-threads", transfer.copy_threads, "engine copy threads (0: default)");
   t->add_option("--token", transfer.auth_token, "cluster token (default: LARDER_AUTH_TOKEN)");
   t->add_flag("--json", transfer.json, "one JSON object per line");

@@ -134,7 +134,8 @@ struct TransferEngineOptions {
   size_t inline_copy_bytes = 256 * 1024;
   // TCP connections kept per peer; slices are spread over them.
   size_t tcp_connections_per_peer = 4;
-  // Requests are cut into slices of at most this size (striping, pipelining, retry unit).
+  // Requests are cut into slices of at most this size (pipelining and retry unit). Must be in
+  // (0, 64 MiB]; Create fails with InvalidArgument otherwise.
   size_t slice_bytes = 4 * 1024 * 1024;
   // Deadline of a request when Submit is given none.
   std::chrono::milliseconds default_timeout = std::chrono::seconds(30);
@@ -178,7 +179,8 @@ class TransferEngine {
   // OS error when the server cannot bind.
   static Result<std::unique_ptr<TransferEngine>> Create(const TransferEngineOptions& options);
 
-  // Stops servers and transports. Pending batches fail with Cancelled.
+  // Stops servers and transports. Slices still queued for a peer fail with Cancelled; slices
+  // already on the wire finish or fail by their deadlines, which the destructor waits for.
   virtual ~TransferEngine() = default;
 
   // "<host_id>/<pid>/<nonce>".
@@ -224,9 +226,12 @@ class TransferEngine {
   // engine itself. Unavailable when it cannot be reached; PermissionDenied on a token mismatch.
   virtual Result<std::vector<SegmentDescriptor>> ListPeerSegments(
       const std::string& address, std::chrono::milliseconds timeout) = 0;
-  // Opens a segment and picks its route: local, then shm (confirmed by the fd handoff), then tcp,
-  // restricted to the enabled protocols. A failed shm handoff falls back to tcp (logged once per
-  // peer). NotFound when no enabled route reaches it.
+  // Opens a segment and picks its route: local (this engine's own segments), then shm (confirmed
+  // by the fd handoff), then tcp, restricted to the enabled protocols. A failed shm handoff falls
+  // back to tcp (logged once per peer). When no enabled route can reach the segment at all:
+  // NotFound; when routes could but all failed to open: the last route's error (e.g.
+  // PermissionDenied from a refused handoff with protocol "shm").
+  // A second engine in the same process is reached over shm (one mapping, then memcpy).
   virtual Result<SegmentHandle> OpenSegment(const SegmentDescriptor& descriptor) = 0;
   // ListPeerSegments(address) then OpenSegment of the one named `name`.
   virtual Result<SegmentHandle> OpenSegment(const std::string& address,
@@ -242,7 +247,8 @@ class TransferEngine {
   // out-of-range or overflowing offsets, null pointer, unregistered local memory where required)
   // complete at once with their own error; the others proceed. Small same-host batches complete
   // before Submit returns. Each request must finish within `timeout` (0: default_timeout).
-  // Fails as a whole only for an empty or oversized batch (InvalidArgument).
+  // Fails as a whole only for an empty or oversized batch (InvalidArgument) or when
+  // BatchTable's limit of 65536 unreleased batches is reached (ResourceExhausted).
   // REQUIRES: local buffers stay valid and untouched until the batch is complete.
   virtual Result<BatchId> Submit(
       std::span<const TransferRequest> requests,
@@ -260,7 +266,8 @@ class TransferEngine {
   // Frees the batch. FailedPrecondition while it is running; NotFound for unknown ids.
   virtual Status Release(BatchId batch) = 0;
 
-  // Submit + Wait + Results + Release. Returns the per-request results, or the Submit/Wait error.
+  // Submit, wait for completion (bounded by the requests' deadlines), Results, Release. Returns
+  // the per-request results, or the Submit error.
   Result<std::vector<TransferResult>> TransferSync(
       std::span<const TransferRequest> requests,
       std::chrono::milliseconds timeout = std::chrono::milliseconds(0));

@@ -3,11 +3,24 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_set>
 
 namespace larder {
+namespace {
+
+// Sets the level named `name` (any case; "warning" too). False, leaving it unchanged, otherwise.
+bool ApplyLevel(spdlog::logger& logger, std::string name) {
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  auto parsed = spdlog::level::from_str(name);
+  if (parsed == spdlog::level::off && name != "off") return false;
+  logger.set_level(parsed);
+  return true;
+}
+
+}  // namespace
 
 spdlog::logger& Log() {
   static std::shared_ptr<spdlog::logger> logger = [] {
@@ -15,18 +28,19 @@ spdlog::logger& Log() {
     l->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %P %n] %v");
     l->set_level(spdlog::level::info);
     if (const char* env = std::getenv("LARDER_LOG_LEVEL"); env && *env) {
-      l->set_level(spdlog::level::from_str(env));
+      if (!ApplyLevel(*l, env)) {
+        l->warn(
+            "LARDER_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, off); using "
+            "info",
+            env);
+      }
     }
     return l;
   }();
   return *logger;
 }
 
-void SetLogLevel(const std::string& level) {
-  auto parsed = spdlog::level::from_str(level);
-  if (parsed == spdlog::level::off && level != "off") return;
-  Log().set_level(parsed);
-}
+void SetLogLevel(const std::string& level) { ApplyLevel(Log(), level); }
 
 void WarnOnce(const std::string& key, const std::string& message) {
   static std::mutex mu;

@@ -631,10 +631,10 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(
 Result<std::vector<TransferResult>> TransferEngine::TransferSync(
     std::span<const TransferRequest> requests, std::chrono::milliseconds timeout) {
   LARDER_ASSIGN_OR_RETURN(BatchId batch, Submit(requests, timeout));
-  // Requests end by their own deadlines; the extra second covers the last slice's bookkeeping.
-  auto wait = (timeout.count() > 0 ? timeout : std::chrono::milliseconds(3600 * 1000)) +
-              std::chrono::seconds(1);
-  LARDER_RETURN_IF_ERROR(Wait(batch, wait));
+  // Every request ends by its deadline (slices in flight fail then), so this loop terminates;
+  // waiting to the end keeps the batch releasable and the caller's buffers untouched afterwards.
+  while (!Wait(batch, std::chrono::seconds(1)).ok()) {
+  }
   auto results = Results(batch);
   LARDER_RETURN_IF_ERROR(Release(batch));
   return results;

@@ -130,10 +130,11 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
       TargetOptions target_options;
       target_options.segment_size = o.segment_size;
       target_options.auth_token = o.auth_token;
+      target_options.segment_name = o.segment_name;
       LARDER_ASSIGN_OR_RETURN(target, SpawnTarget(target_options));
       address = target.address();
     }
-    LARDER_ASSIGN_OR_RETURN(segment, engine->OpenSegment(address, "bench"));
+    LARDER_ASSIGN_OR_RETURN(segment, engine->OpenSegment(address, o.segment_name));
   }
   LARDER_ASSIGN_OR_RETURN(RouteKind route, engine->SegmentRoute(segment));
   LARDER_ASSIGN_OR_RETURN(SegmentDescriptor info, engine->SegmentInfo(segment));

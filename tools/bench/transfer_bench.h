@@ -24,6 +24,7 @@ struct TransferBenchOptions {
   uint64_t segment_size = 1ULL << 30;
   uint64_t working_set = 0;  // bytes of the segment swept by offsets; 0: the whole segment
   std::string target;        // "ip:port" of a running `larder-bench target`; empty: start one
+  std::string segment_name = "bench";  // the target's segment
   std::string auth_token;
   size_t copy_threads = 0;  // engine copy pool; 0: engine default
   bool json = false;

@@ -14,8 +14,9 @@
 namespace larder::transfer {
 namespace {
 
-// How long one handoff exchange may take before the server drops the connection.
-constexpr auto kHandoffTimeout = std::chrono::seconds(2);
+// How long one handoff exchange may take before the server drops the connection. Exchanges are
+// local and take well under a millisecond; the bound keeps a stalled peer from delaying others.
+constexpr auto kHandoffTimeout = std::chrono::milliseconds(500);
 
 HandoffServerMessage Reply(const Status& status, uint64_t size) {
   HandoffServerMessage m;

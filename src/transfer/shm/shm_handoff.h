@@ -4,7 +4,7 @@
 // segment (id, epoch) and receives its memfd over SCM_RIGHTS. The owner checks the peer's uid
 // (SO_PEERCRED) and, when a token is configured, an HMAC over a fresh nonce.
 //
-// Wire format (all little-endian, fixed size):
+// Wire format (fixed size, host byte order; both ends are on one host):
 //   server -> peer  ServerMessage (256 B): kHello {need_auth, nonce} right after accept, or a
 //                   kReply {code, message} (e.g. PermissionDenied for a uid that is not allowed)
 //   peer -> server  Request (56 B): {segment_id, epoch, mac = HMAC(token, nonce|id|epoch)}

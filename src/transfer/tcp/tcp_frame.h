@@ -6,9 +6,11 @@
 //   u64 offset | u64 length
 //
 // followed by `length` payload bytes for kWrite, kReadReply (OK), kError (message), kHello
-// (nonce), kAuth (mac) and kDescribeReply (JSON). Little-endian. The server checks every field and
-// answers a bad frame with kError; it closes the connection only when it cannot find the next
-// frame boundary (bad magic, unknown type, a payload larger than kMaxFramePayload).
+// (nonce), kAuth (mac) and kDescribeReply (JSON). Fields are in host byte order (every supported
+// platform is little-endian). The server checks every field and answers a bad frame with kError;
+// after the error it closes the connection when it cannot find the next frame boundary (bad magic,
+// unknown type, a write payload larger than kMaxFramePayload, a frame type clients never send) or
+// when authentication failed or was skipped.
 #pragma once
 
 #include <cstdint>
