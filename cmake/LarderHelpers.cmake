@@ -16,8 +16,19 @@ function(larder_add_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  # gtest_discover_tests flattens PROPERTIES into one list, so a property value must be a single
+  # element: an empty LABELS would swallow the next property name, and "A=1;B=2" would split.
+  # Hence LABELS only when given (one label), and one environment variable per property.
+  set(properties TIMEOUT ${ARG_TIMEOUT}
+    ENVIRONMENT "LARDER_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+    ENVIRONMENT_MODIFICATION "LARDER_LOG_LEVEL=set:warn")
+  if(ARG_LABELS)
+    list(APPEND properties LABELS "${ARG_LABELS}")
+  endif()
+  # The binary's name prefixes every test ("common_test.StatusTest.Ok"), so that
+  # `ctest -R common_test` selects one binary's tests.
   gtest_discover_tests(${name}
+    TEST_PREFIX "${name}."
     DISCOVERY_TIMEOUT 60
-    PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}"
-    ENVIRONMENT "LARDER_BIN_DIR=${CMAKE_BINARY_DIR}/bin;LARDER_LOG_LEVEL=warn")
+    PROPERTIES ${properties})
 endfunction()

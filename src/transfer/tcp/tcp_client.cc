@@ -49,8 +49,9 @@ Result<Fd> ConnectAndAuthenticate(const HostPort& address, const std::string& to
   std::string peer = address.ToString();
   auto conn = TcpConnect(address, deadline);
   if (!conn.ok()) {
-    return Status(conn.status().code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded
-                                                                         : StatusCode::kUnavailable,
+    return Status(conn.status().code() == StatusCode::kDeadlineExceeded
+                      ? StatusCode::kDeadlineExceeded
+                      : StatusCode::kUnavailable,
                   "peer " + peer + " unreachable: " + conn.status().message());
   }
   int fd = conn->get();
@@ -175,7 +176,15 @@ void TcpPeer::Worker() {
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       uint64_t bytes = 0;
+      bool window_has_read = false;
       while (!queue_.empty() && jobs.size() < kPipelineDepth && bytes < kPipelineBytes) {
+        // Replies are only read once the whole window is sent. A write behind a read would let
+        // the peer block sending the read's reply while we block sending the write's payload, a
+        // deadlock as soon as both exceed the socket buffers; such a write waits for the next
+        // window. (Reads behind writes are fine: read requests are headers only.)
+        bool is_read = queue_.front().slice->op == TransferOp::kRead;
+        if (window_has_read && !is_read) break;
+        window_has_read |= is_read;
         bytes += queue_.front().slice->length;
         jobs.push_back(queue_.front());
         queue_.pop_front();
@@ -214,14 +223,16 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
     h.segment_id = jobs[i].segment_id;
     h.offset = s->offset;
     h.length = s->length;
-    Status st = SendFrame(fd, h, s->local, s->op == TransferOp::kWrite ? s->length : 0, s->deadline,
-                          name_);
+    Status st =
+        SendFrame(fd, h, s->local, s->op == TransferOp::kWrite ? s->length : 0, s->deadline, name_);
     if (!st.ok()) {
       conn->Reset();
       RecordFailure(st);
       // Replies to what was sent can no longer be read; everything in the window fails.
       for (size_t k = 0; k < jobs.size(); ++k) {
-        Status fail = (k < i && !sent[k]) ? DeadlineExceededError("deadline passed before sending to peer " + name_) : st;
+        Status fail = (k < i && !sent[k])
+                          ? DeadlineExceededError("deadline passed before sending to peer " + name_)
+                          : st;
         jobs[k].done->OnSliceDone(jobs[k].slice, fail);
       }
       return;
@@ -232,7 +243,8 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     Slice* s = jobs[i].slice;
     if (!sent[i]) {
-      jobs[i].done->OnSliceDone(s, DeadlineExceededError("deadline passed before sending to peer " + name_));
+      jobs[i].done->OnSliceDone(
+          s, DeadlineExceededError("deadline passed before sending to peer " + name_));
       continue;
     }
     FrameHeader h;
@@ -251,7 +263,8 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
           st = RecvAll(fd, message.data(), message.size(), s->deadline, name_);
           if (st.ok()) {
             // The stream is still in sync after an error frame: only this request failed.
-            jobs[i].done->OnSliceDone(s, ErrorFrameStatus(h.code, "peer " + name_ + ": " + message));
+            jobs[i].done->OnSliceDone(s,
+                                      ErrorFrameStatus(h.code, "peer " + name_ + ": " + message));
             continue;
           }
           break;
@@ -277,7 +290,11 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
       conn->Reset();
       if (st.code() != StatusCode::kDeadlineExceeded) RecordFailure(st);
       for (size_t k = i; k < jobs.size(); ++k) {
-        jobs[k].done->OnSliceDone(jobs[k].slice, k == i || sent[k] ? st : DeadlineExceededError("deadline passed before sending to peer " + name_));
+        jobs[k].done->OnSliceDone(
+            jobs[k].slice,
+            k == i || sent[k]
+                ? st
+                : DeadlineExceededError("deadline passed before sending to peer " + name_));
       }
       return;
     }
