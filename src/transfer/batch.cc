@@ -26,24 +26,39 @@ void BatchState::Prepare(size_t n) {
   failed_requests.store(0, std::memory_order_relaxed);
 }
 
-BatchTable::BatchTable() : slots_(std::make_unique<std::atomic<BatchState*>[]>(kMaxBatches)) {}
+namespace {
+std::atomic<uint64_t> next_table_id{1};
+}  // namespace
+
+thread_local BatchTable::ThreadCache BatchTable::cache_;
+
+BatchTable::BatchTable()
+    : table_id_(next_table_id.fetch_add(1)),
+      slots_(std::make_unique<std::atomic<BatchState*>[]>(kMaxBatches)) {}
 
 Result<std::pair<BatchId, BatchState*>> BatchTable::Acquire() {
-  std::lock_guard lock(lock_);
   uint32_t index;
-  if (!free_.empty()) {
-    index = free_.back();
-    free_.pop_back();
+  BatchState* state;
+  if (cache_.table_id == table_id_) {
+    cache_.table_id = 0;
+    index = cache_.index;
+    state = slots_[index].load(std::memory_order_acquire);
   } else {
-    if (owned_.size() >= kMaxBatches) {
-      return ResourceExhaustedError("too many unreleased batches (" + std::to_string(kMaxBatches) +
-                                    "); Release finished ones");
+    std::lock_guard lock(lock_);
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      if (owned_.size() >= kMaxBatches) {
+        return ResourceExhaustedError("too many unreleased batches (" +
+                                      std::to_string(kMaxBatches) + "); Release finished ones");
+      }
+      index = static_cast<uint32_t>(owned_.size());
+      owned_.push_back(std::make_unique<BatchState>());
+      slots_[index].store(owned_.back().get(), std::memory_order_release);
     }
-    index = static_cast<uint32_t>(owned_.size());
-    owned_.push_back(std::make_unique<BatchState>());
-    slots_[index].store(owned_.back().get(), std::memory_order_release);
+    state = owned_[index].get();
   }
-  BatchState* state = owned_[index].get();
   uint64_t ticket = state->ticket.load(std::memory_order_relaxed) | 1;
   state->ticket.store(ticket, std::memory_order_release);
   BatchId id = ((ticket >> 1) << 32) | (index + 1);
@@ -61,18 +76,27 @@ BatchState* BatchTable::Find(BatchId id) const {
 }
 
 Status BatchTable::Release(BatchId id) {
-  std::lock_guard lock(lock_);
   BatchState* state = Find(id);
   if (state == nullptr) return NotFoundError("no batch " + std::to_string(id));
   if (state->pending_requests.load() != 0) {
     return FailedPreconditionError("batch " + std::to_string(id) +
                                    " still has requests in flight; Wait for it first");
   }
+  // Bumping the generation (and clearing in_use) makes the id stale; of two concurrent releases
+  // only one wins the exchange.
+  uint64_t ticket = ((id >> 32) << 1) | 1;
+  uint64_t next = ((((id >> 32) + 1) & 0xffffffffULL) << 1);
+  if (!state->ticket.compare_exchange_strong(ticket, next, std::memory_order_acq_rel)) {
+    return NotFoundError("no batch " + std::to_string(id));
+  }
   state->keepalive.clear();
-  // Bump the generation (and clear in_use): the id is now stale.
-  uint64_t ticket = state->ticket.load(std::memory_order_relaxed);
-  state->ticket.store((((ticket >> 1) + 1) & 0xffffffffULL) << 1, std::memory_order_release);
-  free_.push_back(static_cast<uint32_t>((id & 0xffffffffULL) - 1));
+  auto index = static_cast<uint32_t>((id & 0xffffffffULL) - 1);
+  if (cache_.table_id == 0) {
+    cache_ = {table_id_, index};
+    return Status();
+  }
+  std::lock_guard lock(lock_);
+  free_.push_back(index);
   return Status();
 }
 

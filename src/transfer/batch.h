@@ -82,6 +82,15 @@ class BatchTable {
   Status Release(BatchId id);
 
  private:
+  // Each thread keeps at most one released slot of one table, so a thread that submits and
+  // releases in a loop never touches the shared free list. Table ids are never reused.
+  struct ThreadCache {
+    uint64_t table_id = 0;
+    uint32_t index = 0;
+  };
+  static thread_local ThreadCache cache_;
+
+  const uint64_t table_id_;
   std::unique_ptr<std::atomic<BatchState*>[]> slots_;  // written under lock_, read lock-free
   SpinLock lock_;
   std::vector<std::unique_ptr<BatchState>> owned_;  // guarded by lock_

@@ -2,8 +2,9 @@
 //
 // Runs memory-to-memory slices for the routes that copy with the CPU (local, shm): inline in the
 // caller when the batch is small, otherwise cut into stripes of roughly equal size, independent of
-// slice boundaries, spread over the engine's copy pool so that even one large request uses every
-// copy thread. A slice is reported once all of its stripes are done.
+// slice boundaries, one for the calling thread and one for each copy-pool thread, so that even one
+// large request uses every core (the caller would otherwise only sleep in Wait). A slice is
+// reported once all of its stripes are done.
 #pragma once
 
 #include <algorithm>
@@ -52,7 +53,10 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
   shared->stripes_left = std::make_unique<std::atomic<uint32_t>[]>(slices.size());
   shared->status.resize(slices.size());
 
-  uint64_t stripe = std::max<uint64_t>(kMinStripeBytes, (total + pool->size() - 1) / pool->size());
+  // As many stripes as copy threads: this thread takes one, the pool the rest (one more stripe
+  // than there are cores only adds stragglers).
+  const uint64_t workers = pool->size();
+  uint64_t stripe = std::max<uint64_t>(kMinStripeBytes, (total + workers - 1) / workers);
   std::vector<std::vector<Piece>> tasks(1);
   uint64_t task_bytes = 0;
   for (uint32_t i = 0; i < slices.size(); ++i) {
@@ -70,26 +74,28 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
     }
     shared->stripes_left[i].store(pieces, std::memory_order_relaxed);
   }
-  for (auto& task : tasks) {
-    pool->Schedule([shared, done, task = std::move(task)] {
-      for (const Piece& p : task) {
-        Slice* s = shared->slices[p.slice];
-        Status st = shared->copy(s, p.begin, p.length);
-        if (!st.ok()) {
-          std::lock_guard lock(shared->mu);
-          if (shared->status[p.slice].ok()) shared->status[p.slice] = st;
-        }
-        if (shared->stripes_left[p.slice].fetch_sub(1, std::memory_order_acq_rel) == 1) {
-          Status result;
-          {
-            std::lock_guard lock(shared->mu);
-            result = shared->status[p.slice];
-          }
-          done->OnSliceDone(s, result);
-        }
+  auto run = [shared, done](const std::vector<Piece>& task) {
+    for (const Piece& p : task) {
+      Slice* s = shared->slices[p.slice];
+      Status st = shared->copy(s, p.begin, p.length);
+      if (!st.ok()) {
+        std::lock_guard lock(shared->mu);
+        if (shared->status[p.slice].ok()) shared->status[p.slice] = st;
       }
-    });
+      if (shared->stripes_left[p.slice].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        Status result;
+        {
+          std::lock_guard lock(shared->mu);
+          result = shared->status[p.slice];
+        }
+        done->OnSliceDone(s, result);
+      }
+    }
+  };
+  for (size_t t = 1; t < tasks.size(); ++t) {
+    pool->Schedule([run, task = std::move(tasks[t])] { run(task); });
   }
+  run(tasks[0]);
 }
 
 // Copies bytes [begin, begin + length) of a slice between local memory and `segment_base`, the

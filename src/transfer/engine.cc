@@ -32,6 +32,7 @@ struct OpenedSegment {
   SegmentDescriptor descriptor;
   struct Route {
     Transport* transport = nullptr;
+    RouteKind kind = RouteKind::kNone;      // transport->route(), cached for the hot path
     std::shared_ptr<RemoteSegment> remote;  // null until opened
     bool failed = false;                    // open was tried and failed
   };
@@ -300,9 +301,9 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
         }
         continue;
       }
-      opened->routes.push_back({t.get(), std::move(remote).value(), false});
+      opened->routes.push_back({t.get(), t->route(), std::move(remote).value(), false});
     } else {
-      opened->routes.push_back({t.get(), nullptr, false});  // fallback, opened on first need
+      opened->routes.push_back({t.get(), t->route(), nullptr, false});  // opened on first need
     }
   }
   if (opened->routes.empty()) {
@@ -485,7 +486,7 @@ OpenedSegment::Route* Engine::NextRoute(OpenedSegment* segment, uint32_t* attemp
 void Engine::OnSliceDone(Slice* slice, Status status) {
   auto* batch = static_cast<BatchState*>(slice->batch);
   OpenedSegment* segment = batch->request_segment[slice->request];
-  RouteKind route = segment->routes[slice->attempt].transport->route();
+  RouteKind route = segment->routes[slice->attempt].kind;
   if (!status.ok() && IsRetryable(status) && Clock::now() < slice->deadline) {
     uint32_t attempt = slice->attempt;
     if (OpenedSegment::Route* next = NextRoute(segment, &attempt)) {
