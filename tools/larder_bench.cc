@@ -3,10 +3,12 @@
 // larder-bench: benchmarks that print numbers. Subcommands:
 //   transfer  READ/WRITE bandwidth and latency of the transfer engine next to memcpy
 //   target    serve one segment for `transfer --target` (started automatically otherwise)
+//   registration  native registrations saved by registration coverage (emulated device)
 #include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "bench/process.h"
+#include "bench/registration_bench.h"
 #include "bench/target.h"
 #include "bench/transfer_bench.h"
 #include "common/env.h"
@@ -72,7 +74,33 @@ int main(int argc, char** argv) {
   g->add_option("--protocol", target.protocol, "routes this engine enables")->capture_default_str();
   g->add_flag("--huge-pages", target.huge_pages, "use 2 MiB huge pages when available");
 
+  larder::bench::RegistrationBenchOptions registration;
+  bool scattered = false;
+  auto* r = app.add_subcommand(
+      "registration", "native registrations with coverage vs without, on the emulated device");
+  r->add_option("--buffers", registration.buffers, "buffers registered per round")
+      ->capture_default_str();
+  r->add_option("--buffer-size", registration.buffer_size, "bytes per buffer")
+      ->transform(ByteSize())
+      ->default_str("3M");
+  r->add_flag("--adjacent", registration.adjacent,
+              "buffers back to back in one allocation (default)");
+  r->add_flag("--scattered", scattered, "one allocation per buffer");
+  r->add_option("--rounds", registration.rounds, "register/deregister rounds")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
+
+  if (r->parsed()) {
+    if (scattered) registration.adjacent = false;
+    auto result = larder::bench::RunRegistrationBench(registration);
+    if (!result.ok()) {
+      std::cerr << "larder-bench registration: " << result.status() << "\n";
+      return 1;
+    }
+    std::cout << result->ToJson() << std::endl;
+    return 0;
+  }
 
   if (g->parsed()) {
     target.segment_size = target_segment;

@@ -1,0 +1,59 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The native library behind the device transport: what a CUDA, Ascend (ACL / MemFabric) or other
+// device fabric must provide. The device transport, not the backend, owns the policy that makes
+// such libraries safe to use from a store: deferred init on the caller's device, binding every
+// later call to that device, registration coverage, and boundary-safe copy splitting.
+//
+// Rules every backend enforces (real hardware does; the emulator checks them strictly):
+//  - native calls need a current device on the calling thread, and after Init only the device
+//    Init ran on is accepted;
+//  - registrations are aligned to registration_granularity() and may not overlap;
+//  - a copy must stay inside one registration on each side, except that host memory of the
+//    initiator needs no registration when reads_unregistered_host_memory() is true.
+//
+// Thread safety: implementations must accept calls from any thread (each checked against the
+// calling thread's current device).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "larder/status.h"
+
+namespace larder::transfer {
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+
+  virtual std::string_view name() const = 0;
+  // Alignment of native registrations (2 MiB for the devices this targets).
+  virtual uint64_t registration_granularity() const = 0;
+  // Whether copies may read/write initiator host memory that was never natively registered (the
+  // RFC's local read/write bypass).
+  virtual bool reads_unregistered_host_memory() const = 0;
+
+  // The calling thread's current device (like cudaSetDevice / aclrtSetDevice).
+  virtual Status SetCurrentDevice(int device) = 0;
+  // FailedPrecondition when the calling thread has no current device.
+  virtual Result<int> CurrentDevice() const = 0;
+
+  // Native initialization on the calling thread's current device. Once only.
+  virtual Status Init() = 0;
+  // Device memory on the initialized device, aligned to the registration granularity.
+  virtual Result<void*> Allocate(uint64_t size) = 0;
+  virtual Status Free(void* ptr) = 0;
+
+  // Natively registers [begin, begin + length). REQUIRES: aligned; no overlap with another
+  // registration (AlreadyExists otherwise).
+  virtual Status Register(uint64_t begin, uint64_t length) = 0;
+  virtual Status Deregister(uint64_t begin) = 0;
+
+  // Starts a copy; returns its id. InvalidArgument when a side leaves its registration.
+  virtual Result<uint64_t> SubmitCopy(void* dst, const void* src, uint64_t length) = 0;
+  // True when the copy finished; its error when it failed. NotFound for unknown ids.
+  virtual Result<bool> QueryCopy(uint64_t id) = 0;
+};
+
+}  // namespace larder::transfer
