@@ -8,6 +8,8 @@
 //   RouteKind::kSameHostShm  same host, other process: the owner's memfd is handed over a Unix
 //                            socket (SCM_RIGHTS), mapped MAP_SHARED here, then memcpy.
 //   RouteKind::kTcp          anything else (or when forced): the owner's TCP data server.
+//   RouteKind::kDevice       device memory, through a registration-aware device transport
+//                            (today within one engine; see docs/devices.md).
 //
 // Segments are addressed as (segment, offset), never by raw remote address, so every access is
 // bounds-checked against the segment's size on both ends.
@@ -32,6 +34,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,15 +56,17 @@ enum class RouteKind : uint8_t {
   kLocal = 1,
   kSameHostShm = 2,
   kTcp = 3,
+  kDevice = 4,
 };
 
-// "local", "shm", "tcp" or "none".
+// "local", "shm", "tcp", "device" or "none".
 std::string_view RouteKindName(RouteKind route);
 
 // How a segment's memory was obtained; decides which routes can reach it.
 enum class MemoryKind : uint8_t {
   kAnonymous = 0,  // private memory of the owner (malloc, mmap): local and tcp only.
   kMemfd = 1,      // a sealed memfd: also mappable by same-host peers (shm).
+  kDevice = 2,     // device memory from the device transport's native allocator: device route only.
 };
 
 std::string_view MemoryKindName(MemoryKind kind);
@@ -69,7 +74,11 @@ std::string_view MemoryKindName(MemoryKind kind);
 // Memory owned by Larder and freed when the last reference goes away (munmap, close).
 class MemoryRegion {
  public:
+  // Takes ownership of a mapping (munmap) and of `fd` (close, when >= 0).
   MemoryRegion(void* base, size_t size, MemoryKind kind, int fd, bool huge_pages);
+  // Memory whose owner frees it with `release` (e.g. a device allocator). `release` keeps whatever
+  // it needs alive (the native library included), so the region may outlive its engine.
+  MemoryRegion(void* base, size_t size, MemoryKind kind, std::function<void()> release);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -87,6 +96,7 @@ class MemoryRegion {
   MemoryKind kind_;
   int fd_;
   bool huge_pages_;
+  std::function<void()> release_;
 };
 
 // Identifies a segment inside its owner engine. Never reused by that engine.
@@ -116,9 +126,10 @@ struct SegmentDescriptor {
 struct TransferEngineOptions {
   // Which protocol variable applies when `protocol` is empty.
   EngineRole role = EngineRole::kStandalone;
-  // "auto" (local, then shm, then tcp), one name ("local", "shm", "tcp"), or a comma list such as
-  // "shm,tcp". Empty: the role's environment variable (see docs/configuration.md), else "auto".
-  // "tcp" forces the network even between processes on one host.
+  // "auto" (local, then shm, then tcp), one name ("local", "shm", "tcp", "device"), or a comma list
+  // such as "shm,tcp" or "device,tcp". "auto" never includes "device": ask for it by name. Empty:
+  // the role's environment variable (see docs/configuration.md), else "auto". "tcp" forces the
+  // network even between processes on one host.
   std::string protocol;
   // Address of this engine's TCP data server. Port 0 picks a free port. The server also answers
   // descriptor queries from peers, so it always runs.

@@ -12,7 +12,19 @@ namespace larder {
 MemoryRegion::MemoryRegion(void* base, size_t size, MemoryKind kind, int fd, bool huge_pages)
     : base_(base), size_(size), kind_(kind), fd_(fd), huge_pages_(huge_pages) {}
 
+MemoryRegion::MemoryRegion(void* base, size_t size, MemoryKind kind, std::function<void()> release)
+    : base_(base),
+      size_(size),
+      kind_(kind),
+      fd_(-1),
+      huge_pages_(false),
+      release_(std::move(release)) {}
+
 MemoryRegion::~MemoryRegion() {
+  if (release_) {
+    release_();
+    return;
+  }
   if (base_ != nullptr) munmap(base_, size_);
   if (fd_ >= 0) close(fd_);
 }

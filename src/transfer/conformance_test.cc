@@ -3,7 +3,8 @@
 // The conformance suite every route passes: the same transfers, checked the same way, over
 // "local" (an engine reading its own segment), "shm" (a second engine in this process that maps
 // the owner's memfd after a real handoff over the abstract socket) and "tcp" (a second engine that
-// goes through the owner's data server). A new route earns its place by passing this file.
+// goes through the owner's data server), and "device" (the device transport over the emulated
+// device backend, in one engine). A new route earns its place by passing this file.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "common/net.h"
 #include "larder/transfer_engine.h"
+#include "transfer/device/emulated_device.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder {
@@ -33,7 +35,7 @@ constexpr uint64_t kMiB = 1ULL << 20;
 constexpr uint64_t kSegmentBytes = 128 * kMiB;
 
 struct RouteCase {
-  std::string name;  // "local", "shm", "tcp"
+  std::string name;  // "local", "shm", "tcp", "device"
   RouteKind route;   // what SegmentRoute and TransferResult::route must report
 };
 
@@ -59,8 +61,13 @@ class ConformanceTest : public ::testing::TestWithParam<RouteCase> {
   // transfers (its protocol is set here); for "local" that engine is also the owner.
   void StartEngines(TransferEngineOptions initiator_options) {
     const RouteCase& route = GetParam();
-    if (route.name == "local") {
-      initiator_options.protocol = "local";
+    if (route.name == "local" || route.name == "device") {
+      if (route.name == "device") {
+        // The device transport initializes on the allocating thread's current device. The
+        // emulated backend's current device is per thread, whichever instance sets it.
+        ASSERT_TRUE(transfer::EmulatedDevice().SetCurrentDevice(0).ok());
+      }
+      initiator_options.protocol = route.name;
       auto engine = TransferEngine::Create(initiator_options);
       ASSERT_TRUE(engine.ok()) << engine.status();
       target_ = std::move(engine).value();
@@ -82,7 +89,9 @@ class ConformanceTest : public ::testing::TestWithParam<RouteCase> {
     ASSERT_TRUE(memory.ok()) << memory.status();
     memory_ = std::move(memory).value();
     ASSERT_GE(memory_->size(), kSegmentBytes);
-    if (route.name != "local") {
+    if (route.name == "device") {
+      EXPECT_EQ(memory_->kind(), MemoryKind::kDevice);
+    } else if (route.name != "local") {
       EXPECT_EQ(memory_->kind(), MemoryKind::kMemfd);
     }
     auto id = target_->RegisterSegment("conformance", memory_);
@@ -537,7 +546,9 @@ TEST_P(ConformanceTest, ClosedHandleIsNotFound) {
 INSTANTIATE_TEST_SUITE_P(Routes, ConformanceTest,
                          ::testing::Values(RouteCase{"local", RouteKind::kLocal},
                                            RouteCase{"shm", RouteKind::kSameHostShm},
-                                           RouteCase{"tcp", RouteKind::kTcp}),
+                                           RouteCase{"tcp", RouteKind::kTcp},
+                                           // The device transport on the emulated backend.
+                                           RouteCase{"device", RouteKind::kDevice}),
                          RouteCaseName);
 
 }  // namespace

@@ -16,6 +16,8 @@ std::string_view RouteKindName(RouteKind route) {
       return "shm";
     case RouteKind::kTcp:
       return "tcp";
+    case RouteKind::kDevice:
+      return "device";
     case RouteKind::kNone:
       break;
   }
@@ -23,7 +25,15 @@ std::string_view RouteKindName(RouteKind route) {
 }
 
 std::string_view MemoryKindName(MemoryKind kind) {
-  return kind == MemoryKind::kMemfd ? "memfd" : "anonymous";
+  switch (kind) {
+    case MemoryKind::kMemfd:
+      return "memfd";
+    case MemoryKind::kDevice:
+      return "device";
+    case MemoryKind::kAnonymous:
+      break;
+  }
+  return "anonymous";
 }
 
 std::string SegmentDescriptor::ToJson() const {
@@ -75,6 +85,8 @@ Result<SegmentDescriptor> SegmentDescriptor::FromJson(std::string_view json) {
     d.memory_kind = MemoryKind::kMemfd;
   } else if (kind == "anonymous") {
     d.memory_kind = MemoryKind::kAnonymous;
+  } else if (kind == "device") {
+    d.memory_kind = MemoryKind::kDevice;
   } else {
     return InvalidArgumentError("unknown memory_kind '" + kind + "' in segment descriptor");
   }
@@ -92,7 +104,7 @@ std::string ResolveProtocol(EngineRole role, const std::string& configured) {
 }
 
 Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol) {
-  bool enabled[4] = {false, false, false, false};
+  bool enabled[5] = {false, false, false, false, false};
   size_t start = 0;
   bool any = false;
   while (start <= protocol.size()) {
@@ -109,10 +121,12 @@ Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol) {
       enabled[2] = true;
     } else if (name == "tcp") {
       enabled[3] = true;
+    } else if (name == "device") {
+      enabled[4] = true;
     } else {
       return InvalidArgumentError("unknown protocol '" + std::string(name) + "' in '" +
                                   std::string(protocol) +
-                                  "' (use auto, local, shm, tcp or a comma list)");
+                                  "' (use auto, local, shm, tcp, device or a comma list)");
     }
     any = true;
     if (comma == std::string_view::npos) break;
@@ -121,7 +135,7 @@ Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol) {
   if (!any) return InvalidArgumentError("empty protocol");
   std::vector<RouteKind> routes;
   // Preference is fixed: the closest route that reaches a peer always wins.
-  for (int r = 1; r <= 3; ++r) {
+  for (int r = 1; r <= 4; ++r) {
     if (enabled[r]) routes.push_back(static_cast<RouteKind>(r));
   }
   return routes;

@@ -196,8 +196,12 @@ Result<std::shared_ptr<MemoryRegion>> Engine::AllocateSegmentMemory(size_t size)
   Transport* chosen = nullptr;
   for (auto& t : transports_) {
     if (!t->caps().allocates_exportable_memory) continue;
-    // A memfd reaches every route, so shm's allocator wins whenever shm is enabled.
-    if (chosen == nullptr || t->route() == RouteKind::kSameHostShm) chosen = t.get();
+    // A device protocol means segments live in device memory; otherwise a memfd reaches every
+    // CPU route, so shm's allocator wins whenever shm is enabled.
+    auto rank = [](RouteKind r) {
+      return r == RouteKind::kDevice ? 2 : r == RouteKind::kSameHostShm ? 1 : 0;
+    };
+    if (chosen == nullptr || rank(t->route()) > rank(chosen->route())) chosen = t.get();
   }
   if (chosen == nullptr) {
     return FailedPreconditionError("no enabled transport can allocate segment memory");

@@ -34,7 +34,8 @@ class DeviceBackend {
   // RFC's local read/write bypass).
   virtual bool reads_unregistered_host_memory() const = 0;
 
-  // The calling thread's current device (like cudaSetDevice / aclrtSetDevice).
+  // The calling thread's current device (like cudaSetDevice / aclrtSetDevice). -1 returns the
+  // thread to having none, where the library has that notion (backends without it may ignore -1).
   virtual Status SetCurrentDevice(int device) = 0;
   // FailedPrecondition when the calling thread has no current device.
   virtual Result<int> CurrentDevice() const = 0;
@@ -44,6 +45,9 @@ class DeviceBackend {
   // Device memory on the initialized device, aligned to the registration granularity.
   virtual Result<void*> Allocate(uint64_t size) = 0;
   virtual Status Free(void* ptr) = 0;
+  // Whether [ptr, ptr + length) touches device memory (like cuPointerGetAttribute). No device
+  // binding needed.
+  virtual bool IsDeviceMemory(const void* ptr, uint64_t length) const = 0;
 
   // Natively registers [begin, begin + length). REQUIRES: aligned; no overlap with another
   // registration (AlreadyExists otherwise).

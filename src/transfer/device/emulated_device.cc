@@ -29,6 +29,10 @@ EmulatedDevice::~EmulatedDevice() {
 }
 
 Status EmulatedDevice::SetCurrentDevice(int device) {
+  if (device == -1) {
+    current_device = -1;  // back to a thread that never chose a device
+    return Status();
+  }
   if (device < 0 || device >= options_.device_count) {
     return InvalidArgumentError("no device " + std::to_string(device) + " (emulating " +
                                 std::to_string(options_.device_count) + ")");
@@ -146,7 +150,12 @@ Status EmulatedDevice::Deregister(uint64_t begin) {
   return Status();
 }
 
-bool EmulatedDevice::IsDeviceMemory(uint64_t p, uint64_t length) const {
+bool EmulatedDevice::IsDeviceMemory(const void* ptr, uint64_t length) const {
+  std::lock_guard lock(mu_);
+  return TouchesDeviceMemory(reinterpret_cast<uint64_t>(ptr), length);
+}
+
+bool EmulatedDevice::TouchesDeviceMemory(uint64_t p, uint64_t length) const {
   // Any overlap with an allocation counts: a host range may not run into device memory either.
   auto it = allocations_.upper_bound(p);
   if (it != allocations_.end() && it->first < p + length) return true;
@@ -166,7 +175,7 @@ Status EmulatedDevice::CheckCopySide(const char* side, uint64_t p, uint64_t leng
                                   ", +" + Hex(it->second) + ")");
     }
   }
-  if (options_.reads_unregistered_host_memory && !IsDeviceMemory(p, length)) return Status();
+  if (options_.reads_unregistered_host_memory && !TouchesDeviceMemory(p, length)) return Status();
   return InvalidArgumentError(std::string("copy ") + side + " " + Hex(p) +
                               " is not inside a native registration");
 }

@@ -48,6 +48,7 @@ class EmulatedDevice final : public DeviceBackend {
   Status Init() override;
   Result<void*> Allocate(uint64_t size) override;
   Status Free(void* ptr) override;
+  bool IsDeviceMemory(const void* ptr, uint64_t length) const override;
   Status Register(uint64_t begin, uint64_t length) override;
   Status Deregister(uint64_t begin) override;
   Result<uint64_t> SubmitCopy(void* dst, const void* src, uint64_t length) override;
@@ -65,8 +66,8 @@ class EmulatedDevice final : public DeviceBackend {
  private:
   // OK when the calling thread may make native calls (Init done, bound to the init device).
   Status CheckBound(const char* call) const;
-  // True when [p, p + length) lies in emulated device memory.
-  bool IsDeviceMemory(uint64_t p, uint64_t length) const;
+  // True when [p, p + length) touches emulated device memory. REQUIRES: mu_ held.
+  bool TouchesDeviceMemory(uint64_t p, uint64_t length) const;
   // OK when [p, p + length) lies in one registration (or is host memory and the bypass is on).
   Status CheckCopySide(const char* side, uint64_t p, uint64_t length) const;
 

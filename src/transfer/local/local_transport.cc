@@ -27,7 +27,9 @@ class LocalTransport final : public Transport {
   }
 
   bool CanReach(const SegmentDescriptor& descriptor) const override {
-    return descriptor.engine_id == context_.engine_id;
+    // Device memory is not for the CPU to copy: it goes through the device route.
+    return descriptor.engine_id == context_.engine_id &&
+           descriptor.memory_kind != MemoryKind::kDevice;
   }
 
   Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override {

@@ -47,7 +47,10 @@ class TcpTransport final : public Transport {
     return AllocateAnonymous(size, huge_pages);
   }
 
-  bool CanReach(const SegmentDescriptor& d) const override { return !d.tcp_endpoint.empty(); }
+  // The data server copies with the CPU, so device memory is out of its reach.
+  bool CanReach(const SegmentDescriptor& d) const override {
+    return !d.tcp_endpoint.empty() && d.memory_kind != MemoryKind::kDevice;
+  }
 
   Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override {
     if (!CanReach(descriptor)) {

@@ -1,0 +1,201 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include "transfer/device/device_transport.h"
+
+#include <map>
+#include <mutex>
+
+#include "common/logging.h"
+#include "transfer/copy_executor.h"
+#include "transfer/device/emulated_device.h"
+#include "transfer/registration_coverage.h"
+#include "transfer/segment_exports.h"
+#include "transfer/transport_registry.h"
+
+namespace larder::transfer {
+namespace {
+
+// Makes `device` current on this thread for one scope, restoring the thread's own device after.
+class DeviceScope {
+ public:
+  DeviceScope(DeviceBackend& backend, int device) : backend_(backend) {
+    auto current = backend.CurrentDevice();
+    previous_ = current.ok() ? *current : -1;
+    if (previous_ != device) {
+      status_ = backend.SetCurrentDevice(device);
+      switched_ = status_.ok();
+    }
+  }
+  // Restores the thread's own device (-1: none, as before the scope).
+  ~DeviceScope() {
+    if (switched_) backend_.SetCurrentDevice(previous_).IgnoreError();
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  DeviceBackend& backend_;
+  int previous_ = -1;
+  bool switched_ = false;
+  Status status_;
+};
+
+class DeviceTransport final : public Transport {
+ public:
+  explicit DeviceTransport(std::shared_ptr<DeviceBackend> backend)
+      : backend_(std::move(backend)), coverage_(backend_->registration_granularity()) {}
+
+  std::string_view name() const override { return "device"; }
+  RouteKind route() const override { return RouteKind::kDevice; }
+  TransportCaps caps() const override {
+    return {.needs_local_registration = !backend_->reads_unregistered_host_memory(),
+            .allocates_exportable_memory = true};
+  }
+
+  Status Start(const EngineContext& context) override {
+    context_ = context;  // deliberately no native call here: this may be a helper thread
+    return Status();
+  }
+
+  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) override {
+    (void)huge_pages;  // the native allocator keeps its own page policy
+    LARDER_ASSIGN_OR_RETURN(int device, EnsureInit());
+    DeviceScope scope(*backend_, device);
+    LARDER_RETURN_IF_ERROR(scope.status());
+    LARDER_ASSIGN_OR_RETURN(void* ptr, backend_->Allocate(size));
+    uint64_t g = backend_->registration_granularity();
+    uint64_t rounded = AlignUp(size, g);
+    // Segment memory is registered once, here: peers' copies into it then always find coverage.
+    Status registered = coverage_.Register(reinterpret_cast<uint64_t>(ptr), rounded, Native());
+    if (!registered.ok()) {
+      backend_->Free(ptr).IgnoreError();
+      return registered;
+    }
+    std::shared_ptr<DeviceBackend> backend = backend_;
+    return std::make_shared<MemoryRegion>(ptr, rounded, MemoryKind::kDevice,
+                                          [backend, device, ptr] {
+                                            DeviceScope release_scope(*backend, device);
+                                            backend->Free(ptr).IgnoreError();
+                                          });
+  }
+
+  Status RegisterLocalMemory(void* ptr, size_t size) override {
+    auto address = reinterpret_cast<uint64_t>(ptr);
+    if (backend_->IsDeviceMemory(ptr, size) || !backend_->reads_unregistered_host_memory()) {
+      LARDER_ASSIGN_OR_RETURN(int device, EnsureInit());
+      DeviceScope scope(*backend_, device);
+      LARDER_RETURN_IF_ERROR(scope.status());
+      return coverage_.Register(address, size, Native());
+    }
+    return Status();  // host memory the native copy engine reads directly: the local bypass
+  }
+
+  Status UnregisterLocalMemory(void* ptr) override {
+    Status s = coverage_.Deregister(reinterpret_cast<uint64_t>(ptr));
+    return s.code() == StatusCode::kNotFound ? Status() : s;  // bypassed buffers were never tracked
+  }
+
+  bool CanReach(const SegmentDescriptor& d) const override {
+    return d.memory_kind == MemoryKind::kDevice && d.engine_id == context_.engine_id;
+  }
+
+  Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override {
+    if (!CanReach(descriptor)) {
+      return FailedPreconditionError("segment '" + descriptor.name +
+                                     "' is not device memory of this engine");
+    }
+    LARDER_ASSIGN_OR_RETURN(ExportedSegment exported, context_.exports->Get(descriptor.segment_id));
+    return std::make_shared<DeviceSegment>(descriptor, exported.base);
+  }
+
+  void Submit(RemoteSegment& segment, std::span<Slice* const> slices,
+              SliceCallback* done) override {
+    uint8_t* base = static_cast<DeviceSegment&>(segment).base();
+    auto device = RecordedDevice();
+    if (!device.ok()) {
+      for (Slice* s : slices) done->OnSliceDone(s, device.status());
+      return;
+    }
+    ExecuteCopies(context_.copy_pool, context_.options->inline_copy_bytes, slices, done,
+                  [this, base, d = *device](Slice* s, uint64_t begin, uint64_t length) {
+                    return CopyRange(d, *s, base, begin, length);
+                  });
+  }
+
+ private:
+  class DeviceSegment final : public RemoteSegment {
+   public:
+    DeviceSegment(SegmentDescriptor descriptor, uint8_t* base)
+        : RemoteSegment(std::move(descriptor)), base_(base) {}
+    uint8_t* base() const { return base_; }
+
+   private:
+    uint8_t* base_;
+  };
+
+  RegistrationCoverage::NativeRegister Native() {
+    return [this](uint64_t begin, uint64_t length) { return backend_->Register(begin, length); };
+  }
+
+  // Initializes the native library on the calling thread's current device the first time.
+  Result<int> EnsureInit() {
+    std::lock_guard lock(mu_);
+    if (device_ >= 0) return device_;
+    auto current = backend_->CurrentDevice();
+    if (!current.ok()) {
+      return FailedPreconditionError(
+          "the device transport initializes on the calling thread's current device, and this "
+          "thread has none: set one (e.g. cudaSetDevice) before the first allocation or "
+          "registration");
+    }
+    LARDER_RETURN_IF_ERROR(
+        backend_->Init().WithContext("native init on device " + std::to_string(*current)));
+    device_ = *current;
+    Log().info("device transport ({}) initialized on device {}", backend_->name(), device_);
+    return device_;
+  }
+
+  Result<int> RecordedDevice() {
+    std::lock_guard lock(mu_);
+    if (device_ < 0) return FailedPreconditionError("device transport used before initialization");
+    return device_;
+  }
+
+  // Moves bytes [begin, begin + length) of a slice, one native copy per piece that stays within
+  // one granule of both the source and the destination.
+  Status CopyRange(int device, const Slice& s, uint8_t* base, uint64_t begin, uint64_t length) {
+    DeviceScope scope(*backend_, device);
+    LARDER_RETURN_IF_ERROR(scope.status());
+    uint8_t* remote = base + s.offset + begin;
+    uint8_t* local = s.local + begin;
+    uint8_t* dst = s.op == TransferOp::kRead ? local : remote;
+    const uint8_t* src = s.op == TransferOp::kRead ? remote : local;
+    uint64_t g = backend_->registration_granularity();
+    for (auto [offset, piece] : SplitAtBoundaries(reinterpret_cast<uint64_t>(src),
+                                                  reinterpret_cast<uint64_t>(dst), length, g)) {
+      LARDER_ASSIGN_OR_RETURN(uint64_t id, backend_->SubmitCopy(dst + offset, src + offset, piece));
+      for (;;) {
+        LARDER_ASSIGN_OR_RETURN(bool finished, backend_->QueryCopy(id));
+        if (finished) break;
+      }
+    }
+    return Status();
+  }
+
+  std::shared_ptr<DeviceBackend> backend_;
+  RegistrationCoverage coverage_;
+  EngineContext context_;
+  std::mutex mu_;
+  int device_ = -1;  // guarded by mu_
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend) {
+  return std::make_unique<DeviceTransport>(std::move(backend));
+}
+
+std::shared_ptr<DeviceBackend> DefaultDeviceBackend() { return std::make_shared<EmulatedDevice>(); }
+
+LARDER_REGISTER_TRANSPORT(device, RouteKind::kDevice,
+                          [] { return CreateDeviceTransport(DefaultDeviceBackend()); });
+
+}  // namespace larder::transfer

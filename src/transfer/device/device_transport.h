@@ -1,0 +1,35 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The `device` route: a registration-aware transport over a DeviceBackend (device_backend.h). It
+// owns the rules that make a device fabric safe under a store (the device-transport RFC):
+//  - allocation by transport: segment memory comes from the backend's allocator, and each region
+//    holds the backend alive, so it stays valid after the engine is gone;
+//  - deferred, device-bound init: nothing native runs when the transport starts; the first call
+//    that needs the library (allocation or registration) initializes it on the calling thread's
+//    current device, which is recorded; every later native call, from any thread, runs with that
+//    device made current and the thread's own device restored afterwards;
+//  - registration coverage: native registrations go through RegistrationCoverage, so aligned
+//    ranges are registered once and survive partial failures and logical deregistration;
+//  - boundary-safe copies: every slice is split at each granularity boundary of both its source
+//    and its destination, so each native copy stays inside one registration on each side;
+//  - local bypass: when the backend reads unregistered host memory, initiator host buffers need
+//    no native registration.
+// Today the route reaches device segments of the same engine; reaching other processes' device
+// memory needs the backend's IPC export (docs/devices.md).
+#pragma once
+
+#include <memory>
+
+#include "transfer/device/device_backend.h"
+#include "transfer/transport.h"
+
+namespace larder::transfer {
+
+// A device transport over `backend`.
+std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend);
+
+// The backend this build uses for the registry's "device" transport: the emulator (no real
+// backend is compiled in on this machine).
+std::shared_ptr<DeviceBackend> DefaultDeviceBackend();
+
+}  // namespace larder::transfer
