@@ -589,6 +589,47 @@ class ProtocolResolutionTest : public ::testing::Test {
   ScopedEnv store_protocol_{"LARDER_STORE_PROTOCOL", std::nullopt};
 };
 
+// Every combination of the two variables unset, empty or set, for both roles, with and without
+// explicit config: the documented rule, and neither variable ever rewritten.
+TEST_F(ProtocolResolutionTest, EveryCombinationFollowsTheRule) {
+  const std::optional<std::string> values[] = {std::nullopt, "", "x"};
+  for (const auto& pd : values) {
+    for (const auto& store : values) {
+      std::optional<std::string> pd_value =
+          pd ? std::optional<std::string>(*pd == "x" ? "tcp" : *pd) : std::nullopt;
+      std::optional<std::string> store_value =
+          store ? std::optional<std::string>(*store == "x" ? "device,tcp" : *store) : std::nullopt;
+      ScopedEnv pd_env("LARDER_PROTOCOL", pd_value);
+      ScopedEnv store_env("LARDER_STORE_PROTOCOL", store_value);
+      for (EngineRole role : {EngineRole::kStandalone, EngineRole::kStore}) {
+        for (std::string configured : {"", "shm"}) {
+          std::string expected = "auto";
+          if (pd_value && !pd_value->empty()) expected = *pd_value;
+          if (role == EngineRole::kStore && store_value && !store_value->empty()) {
+            expected = *store_value;
+          }
+          if (!configured.empty()) expected = configured;
+          EXPECT_EQ(ResolveProtocol(role, configured), expected)
+              << "LARDER_PROTOCOL=" << pd_value.value_or("<unset>")
+              << " LARDER_STORE_PROTOCOL=" << store_value.value_or("<unset>")
+              << " role=" << (role == EngineRole::kStore ? "store" : "standalone")
+              << " configured=" << configured;
+          const char* pd_now = std::getenv("LARDER_PROTOCOL");
+          const char* store_now = std::getenv("LARDER_STORE_PROTOCOL");
+          EXPECT_EQ(pd_now != nullptr, pd_value.has_value());
+          if (pd_now && pd_value) {
+            EXPECT_EQ(*pd_value, pd_now);
+          }
+          EXPECT_EQ(store_now != nullptr, store_value.has_value());
+          if (store_now && store_value) {
+            EXPECT_EQ(*store_value, store_now);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(ProtocolResolutionTest, DefaultsToAuto) {
   EXPECT_EQ(ResolveProtocol(EngineRole::kStandalone, ""), "auto");
   EXPECT_EQ(ResolveProtocol(EngineRole::kStore, ""), "auto");

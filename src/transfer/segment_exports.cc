@@ -61,6 +61,11 @@ Status SegmentExports::CheckRange(const SegmentDescriptor& descriptor, uint64_t 
   return Status();
 }
 
+Status SegmentExports::DeviceSegment(SegmentId id) {
+  return FailedPreconditionError("segment " + std::to_string(id) +
+                                 " is device memory: only the device route reaches it");
+}
+
 Status SegmentExports::UnknownSegment(SegmentId id) {
   return NotFoundError("no segment with id " + std::to_string(id) + " is registered");
 }

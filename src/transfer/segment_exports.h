@@ -33,12 +33,14 @@ class SegmentExports {
   std::vector<SegmentDescriptor> List() const;
 
   // Checks [offset, offset + length) against segment `id` and runs fn(base + offset) under the
-  // shared lock. NotFound / OutOfRange (overflow included) otherwise.
+  // shared lock, for CPU access. NotFound / OutOfRange (overflow included) otherwise, and
+  // FailedPrecondition for device memory, which only the device route may touch.
   template <typename Fn>
   Status Access(SegmentId id, uint64_t offset, uint64_t length, Fn&& fn) const {
     std::shared_lock lock(mu_);
     auto it = segments_.find(id);
     if (it == segments_.end()) return UnknownSegment(id);
+    if (it->second.descriptor.memory_kind == MemoryKind::kDevice) return DeviceSegment(id);
     LARDER_RETURN_IF_ERROR(CheckRange(it->second.descriptor, offset, length));
     fn(it->second.base + offset);
     return Status();
@@ -52,6 +54,7 @@ class SegmentExports {
 
  private:
   static Status UnknownSegment(SegmentId id);
+  static Status DeviceSegment(SegmentId id);
 
   mutable std::shared_mutex mu_;
   std::map<SegmentId, ExportedSegment> segments_;  // guarded by mu_
