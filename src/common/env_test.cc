@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "transfer/testing/test_util.h"
+
 namespace larder {
 namespace {
 
@@ -17,32 +19,7 @@ constexpr uint64_t kMiB = 1ULL << 20;
 constexpr uint64_t kGiB = 1ULL << 30;
 constexpr uint64_t kTiB = 1ULL << 40;
 
-// Sets (or unsets, for nullopt) an environment variable for the life of the object, then puts the
-// previous value back so tests do not leak configuration into each other.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    if (value) {
-      setenv(name, value->c_str(), 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (previous_) {
-      setenv(name_, previous_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
+using testutil::ScopedEnv;
 
 uint64_t ParseOrDie(std::string_view text) {
   Result<uint64_t> parsed = ParseByteSize(text);

@@ -14,6 +14,7 @@
 
 #include "bench/process.h"
 #include "larder/transfer_engine.h"
+#include "transfer/testing/test_util.h"
 
 namespace larder {
 namespace {
@@ -99,37 +100,12 @@ TEST(MultiProcessTest, DifferentHostIdsTakeTcp) {
   ExpectWriteReadBack(*engine, *segment, 1 << 20, 9 << 20);
 }
 
-// Sets an environment variable for one scope and restores the previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using testutil::ScopedEnv;
 
 TEST(MultiProcessTest, LarderProtocolTcpForcesTheNetworkOnOneHost) {
   auto peer = SpawnPeer({});
   ScopedEnv pd("LARDER_PROTOCOL", "tcp");
-  ScopedEnv store("LARDER_STORE_PROTOCOL", nullptr);
+  ScopedEnv store("LARDER_STORE_PROTOCOL", std::nullopt);
   auto engine = MakeEngine("");
   ASSERT_TRUE(engine);
   auto segment = engine->OpenSegment(peer.address(), "e2e");
