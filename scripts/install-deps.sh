@@ -7,7 +7,6 @@ packages=(
   cmake
   g++
   make
-  pkg-config
   libspdlog-dev
   libfmt-dev
   libcli11-dev
@@ -16,7 +15,6 @@ packages=(
   libgtest-dev
   libgmock-dev
   clang-format
-  iproute2
 )
 
 missing=()
