@@ -36,7 +36,9 @@ void ThreadPool::Run() {
     std::function<void()> task;
     {
       std::unique_lock lock(mu_);
+      idle_.fetch_add(1, std::memory_order_relaxed);
       cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      idle_.fetch_sub(1, std::memory_order_relaxed);
       if (tasks_.empty()) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();

@@ -4,6 +4,7 @@
 // Thread safety: Schedule may be called from any thread, including from inside a task.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -25,6 +26,8 @@ class ThreadPool {
 
   void Schedule(std::function<void()> task);
   size_t size() const { return workers_.size(); }
+  // Workers waiting for work right now (a hint: it may change as soon as it is read).
+  size_t idle() const { return idle_.load(std::memory_order_relaxed); }
 
  private:
   void Run();
@@ -33,6 +36,7 @@ class ThreadPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
   bool stopping_ = false;                    // guarded by mu_
+  std::atomic<size_t> idle_{0};
   std::vector<std::thread> workers_;
 };
 

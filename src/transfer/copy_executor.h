@@ -53,9 +53,15 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
   shared->stripes_left = std::make_unique<std::atomic<uint32_t>[]>(slices.size());
   shared->status.resize(slices.size());
 
-  // As many stripes as copy threads: this thread takes one, the pool the rest (one more stripe
-  // than there are cores only adds stragglers).
-  const uint64_t workers = pool->size();
+  // This thread takes one stripe and each idle pool thread one more, up to one stripe per copy
+  // thread: more stripes than cores only add stragglers, and when other submitters keep the pool
+  // busy, copying in line beats queueing behind them.
+  const uint64_t workers =
+      std::max<uint64_t>(1, std::min<uint64_t>(pool->size(), pool->idle() + 1));
+  if (workers == 1) {
+    for (Slice* s : slices) done->OnSliceDone(s, copy(s, 0, s->length));
+    return;
+  }
   uint64_t stripe = std::max<uint64_t>(kMinStripeBytes, (total + workers - 1) / workers);
   std::vector<std::vector<Piece>> tasks(1);
   uint64_t task_bytes = 0;
