@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -60,6 +61,12 @@ std::string FormatByteSize(uint64_t bytes) {
     if (bytes >= unit && bytes % unit == 0) return std::to_string(bytes / unit) + kUnits[i];
   }
   return std::to_string(bytes);
+}
+
+std::string FormatHex(uint64_t value) {
+  char buf[24];
+  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
+  return buf;
 }
 
 std::string DefaultHostId() {

@@ -21,6 +21,9 @@ Result<uint64_t> ParseByteSize(std::string_view text, bool allow_zero = false);
 // "4K", "64K", "4M", "1G" when exact, else bytes.
 std::string FormatByteSize(uint64_t bytes);
 
+// "0x1f4000".
+std::string FormatHex(uint64_t value);
+
 // This machine's identity: LARDER_HOST_ID when set and non-empty, else the kernel boot id
 // (/proc/sys/kernel/random/boot_id). Never derived from hostnames or addresses.
 std::string DefaultHostId();

@@ -30,7 +30,14 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
                    SliceCallback* done, CopyFn copy) {
   uint64_t total = 0;
   for (const Slice* s : slices) total += s->length;
-  if (pool == nullptr || total <= inline_bytes || total <= kMinStripeBytes) {
+  // This thread takes one stripe and each idle pool thread one more, up to one stripe per copy
+  // thread: more stripes than cores only add stragglers, and when other submitters keep the pool
+  // busy, copying in line beats queueing behind them.
+  uint64_t workers = 1;
+  if (pool != nullptr && total > inline_bytes && total > kMinStripeBytes) {
+    workers = std::min<uint64_t>(pool->size(), pool->idle() + 1);
+  }
+  if (workers <= 1) {
     for (Slice* s : slices) done->OnSliceDone(s, copy(s, 0, s->length));
     return;
   }
@@ -53,15 +60,6 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
   shared->stripes_left = std::make_unique<std::atomic<uint32_t>[]>(slices.size());
   shared->status.resize(slices.size());
 
-  // This thread takes one stripe and each idle pool thread one more, up to one stripe per copy
-  // thread: more stripes than cores only add stragglers, and when other submitters keep the pool
-  // busy, copying in line beats queueing behind them.
-  const uint64_t workers =
-      std::max<uint64_t>(1, std::min<uint64_t>(pool->size(), pool->idle() + 1));
-  if (workers == 1) {
-    for (Slice* s : slices) done->OnSliceDone(s, copy(s, 0, s->length));
-    return;
-  }
   uint64_t stripe = std::max<uint64_t>(kMinStripeBytes, (total + workers - 1) / workers);
   std::vector<std::vector<Piece>> tasks(1);
   uint64_t task_bytes = 0;

@@ -131,6 +131,12 @@ class Engine final : public TransferEngine, public SliceCallback {
   // The open segment `handle`, kept alive by `batch` (its cache or keepalive); null if unknown.
   OpenedSegment* LookupForBatch(BatchState* batch, SegmentHandle handle) const;
   Status ValidateRequest(const TransferRequest& r, const OpenedSegment* segment) const;
+  // Describes [base, base + size) through every transport and adds it to the exports.
+  Result<SegmentId> Export(std::string name, uint8_t* base, uint64_t size, MemoryKind kind,
+                           std::shared_ptr<MemoryRegion> memory);
+  uint64_t SliceCount(uint64_t length) const {
+    return (length + options_.slice_bytes - 1) / options_.slice_bytes;
+  }
   bool LocalRangeRegistered(const void* ptr, uint64_t length) const;
   // Opens the next route after `attempt` for a retry; null when there is none.
   OpenedSegment::Route* NextRoute(OpenedSegment* segment, uint32_t* attempt);
@@ -211,33 +217,35 @@ Result<std::shared_ptr<MemoryRegion>> Engine::AllocateSegmentMemory(size_t size)
 
 Result<SegmentId> Engine::RegisterSegment(std::string name, std::shared_ptr<MemoryRegion> memory) {
   if (!memory) return InvalidArgumentError("segment '" + name + "' has no memory");
-  SegmentDescriptor d;
-  d.name = std::move(name);
-  d.engine_id = context_.engine_id;
-  d.host_id = context_.host_id;
-  d.tcp_endpoint = context_.tcp_endpoint;
-  d.size = memory->size();
-  d.memory_kind = memory->kind();
-  for (auto& t : transports_) t->Describe(&d);
   auto* base = static_cast<uint8_t*>(memory->data());
-  std::string label = d.name;
-  LARDER_ASSIGN_OR_RETURN(SegmentId id, exports_.Add(std::move(d), base, std::move(memory)));
-  Log().info("exported segment '{}' (id {}) from engine {}", label, id, context_.engine_id);
-  return id;
+  size_t size = memory->size();
+  MemoryKind kind = memory->kind();
+  return Export(std::move(name), base, size, kind, std::move(memory));
 }
 
 Result<SegmentId> Engine::RegisterSegment(std::string name, void* base, size_t size) {
   if (base == nullptr || size == 0) {
     return InvalidArgumentError("segment '" + name + "' needs a non-null base and size > 0");
   }
+  return Export(std::move(name), static_cast<uint8_t*>(base), size, MemoryKind::kAnonymous,
+                nullptr);
+}
+
+Result<SegmentId> Engine::Export(std::string name, uint8_t* base, uint64_t size, MemoryKind kind,
+                                 std::shared_ptr<MemoryRegion> memory) {
   SegmentDescriptor d;
   d.name = std::move(name);
   d.engine_id = context_.engine_id;
   d.host_id = context_.host_id;
   d.tcp_endpoint = context_.tcp_endpoint;
   d.size = size;
-  d.memory_kind = MemoryKind::kAnonymous;
-  return exports_.Add(std::move(d), static_cast<uint8_t*>(base), nullptr);
+  d.memory_kind = kind;
+  for (auto& t : transports_) t->Describe(&d);
+  std::string label = d.name;
+  LARDER_ASSIGN_OR_RETURN(SegmentId id, exports_.Add(std::move(d), base, std::move(memory)));
+  Log().info("exported segment '{}' (id {}, {} bytes, {}) from engine {}", label, id, size,
+             MemoryKindName(kind), context_.engine_id);
+  return id;
 }
 
 Status Engine::UnregisterSegment(SegmentId id) { return exports_.Remove(id); }
@@ -415,7 +423,7 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
       batch->failed_requests.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    uint64_t slices = (r.length + options_.slice_bytes - 1) / options_.slice_bytes;
+    uint64_t slices = SliceCount(r.length);
     batch->progress[i].pending_slices.store(static_cast<uint32_t>(slices),
                                             std::memory_order_relaxed);
     total_slices += slices;
@@ -455,7 +463,7 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
            (batch->request_segment[i] == seg || batch->request_segment[i] == nullptr);
          ++i) {
       if (batch->request_segment[i] == nullptr) continue;
-      uint64_t n = (requests[i].length + options_.slice_bytes - 1) / options_.slice_bytes;
+      uint64_t n = SliceCount(requests[i].length);
       for (uint64_t k = 0; k < n; ++k) batch->dispatch.push_back(&batch->slices[next_slice++]);
     }
     // Transports copy what they keep of the span; no one else can reach this batch before

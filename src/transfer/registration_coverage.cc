@@ -9,21 +9,17 @@
 #include <mutex>
 #include <string>
 
+#include "common/env.h"
+
 namespace larder::transfer {
 namespace {
-
-std::string Hex(uint64_t value) {
-  char buf[24];
-  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
-  return buf;
-}
 
 std::string RangeString(uint64_t begin, uint64_t end) {
   // Appending (not `"[" + std::string`) sidesteps a GCC 12 -Wrestrict false positive at -O3.
   std::string out = "[";
-  out += Hex(begin);
+  out += FormatHex(begin);
   out += ", ";
-  out += Hex(end);
+  out += FormatHex(end);
   out += ")";
   return out;
 }
@@ -74,7 +70,8 @@ Status RegistrationCoverage::Register(uint64_t address, uint64_t length,
                                       const NativeRegister& native) {
   std::optional<uint64_t> end = RangeEnd(address, length);
   if (!end) {
-    return InvalidArgumentError("cannot register " + Hex(length) + " bytes at " + Hex(address) +
+    return InvalidArgumentError("cannot register " + FormatHex(length) + " bytes at " +
+                                FormatHex(address) +
                                 ": empty or past the end of the address space");
   }
   const uint64_t aligned_begin = AlignDown(address, granularity_);
@@ -86,7 +83,8 @@ Status RegistrationCoverage::Register(uint64_t address, uint64_t length,
 
   std::unique_lock lock(mu_);
   if (logical_.contains(address)) {
-    return AlreadyExistsError("a buffer starting at " + Hex(address) + " is already registered");
+    return AlreadyExistsError("a buffer starting at " + FormatHex(address) +
+                              " is already registered");
   }
 
   // Walk the native ranges that meet [aligned_begin, aligned_end) in order and register the gaps
@@ -125,7 +123,7 @@ Status RegistrationCoverage::Deregister(uint64_t address) {
   std::unique_lock lock(mu_);
   // Only the logical entry goes; native ranges are released with the transport handle.
   if (logical_.erase(address) == 0) {
-    return NotFoundError("no buffer registered at " + Hex(address));
+    return NotFoundError("no buffer registered at " + FormatHex(address));
   }
   return Status();
 }

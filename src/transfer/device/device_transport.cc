@@ -1,7 +1,6 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/device/device_transport.h"
 
-#include <map>
 #include <mutex>
 
 #include "common/logging.h"

@@ -5,16 +5,12 @@
 
 #include <cstring>
 
+#include "common/env.h"
+
 namespace larder::transfer {
 namespace {
 
 thread_local int current_device = -1;
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 }  // namespace
 
@@ -119,19 +115,19 @@ Status EmulatedDevice::Register(uint64_t begin, uint64_t length) {
   uint64_t call = register_calls_.fetch_add(1) + 1;
   const uint64_t g = options_.granularity;
   if (length == 0 || begin % g != 0 || length % g != 0 || begin + length < begin) {
-    return InvalidArgumentError("registration [" + Hex(begin) + ", +" + Hex(length) +
-                                ") is not aligned to " + Hex(g));
+    return InvalidArgumentError("registration [" + FormatHex(begin) + ", +" + FormatHex(length) +
+                                ") is not aligned to " + FormatHex(g));
   }
   auto next = registrations_.lower_bound(begin);
   if (next != registrations_.end() && next->first < begin + length) {
-    return AlreadyExistsError("registration [" + Hex(begin) + ", +" + Hex(length) +
-                              ") overlaps the one at " + Hex(next->first));
+    return AlreadyExistsError("registration [" + FormatHex(begin) + ", +" + FormatHex(length) +
+                              ") overlaps the one at " + FormatHex(next->first));
   }
   if (next != registrations_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second > begin) {
-      return AlreadyExistsError("registration [" + Hex(begin) + ", +" + Hex(length) +
-                                ") overlaps the one at " + Hex(prev->first));
+      return AlreadyExistsError("registration [" + FormatHex(begin) + ", +" + FormatHex(length) +
+                                ") overlaps the one at " + FormatHex(prev->first));
     }
   }
   if (registration_fault_at_ != 0 && call == registration_fault_at_) {
@@ -146,7 +142,8 @@ Status EmulatedDevice::Register(uint64_t begin, uint64_t length) {
 Status EmulatedDevice::Deregister(uint64_t begin) {
   std::lock_guard lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("deregister"));
-  if (registrations_.erase(begin) == 0) return NotFoundError("no registration at " + Hex(begin));
+  if (registrations_.erase(begin) == 0)
+    return NotFoundError("no registration at " + FormatHex(begin));
   return Status();
 }
 
@@ -170,13 +167,13 @@ Status EmulatedDevice::CheckCopySide(const char* side, uint64_t p, uint64_t leng
     --it;
     if (p >= it->first && p - it->first < it->second) {
       if (length <= it->second - (p - it->first)) return Status();
-      return InvalidArgumentError(std::string("copy ") + side + " [" + Hex(p) + ", +" +
-                                  Hex(length) + ") leaves the registration [" + Hex(it->first) +
-                                  ", +" + Hex(it->second) + ")");
+      return InvalidArgumentError(std::string("copy ") + side + " [" + FormatHex(p) + ", +" +
+                                  FormatHex(length) + ") leaves the registration [" +
+                                  FormatHex(it->first) + ", +" + FormatHex(it->second) + ")");
     }
   }
   if (options_.reads_unregistered_host_memory && !TouchesDeviceMemory(p, length)) return Status();
-  return InvalidArgumentError(std::string("copy ") + side + " " + Hex(p) +
+  return InvalidArgumentError(std::string("copy ") + side + " " + FormatHex(p) +
                               " is not inside a native registration");
 }
 

@@ -34,12 +34,26 @@ Status RecvHeader(int fd, FrameHeader* h, Deadline deadline, const std::string& 
   return Status();
 }
 
-// Reads the message of an error frame and turns it into a Status.
-Status RecvErrorFrame(int fd, const FrameHeader& h, Deadline deadline, const std::string& peer) {
+// Reads the message of an error frame into `reported` (the error the peer sent; the stream is
+// still in sync). Returns the stream's status: not OK when the connection broke meanwhile.
+Status ReadErrorFrame(int fd, const FrameHeader& h, Deadline deadline, const std::string& peer,
+                      Status* reported) {
   if (h.length > kMaxControlPayload) return DataLossError("oversized error frame from " + peer);
   std::string message(h.length, '\0');
   LARDER_RETURN_IF_ERROR(RecvAll(fd, message.data(), message.size(), deadline, peer));
-  return ErrorFrameStatus(h.code, "peer " + peer + ": " + message);
+  *reported = ErrorFrameStatus(h.code, "peer " + peer + ": " + message);
+  return Status();
+}
+
+// The error frame's Status, or the stream's when it broke: for exchanges that end either way.
+Status RecvErrorFrame(int fd, const FrameHeader& h, Deadline deadline, const std::string& peer) {
+  Status reported;
+  Status stream = ReadErrorFrame(fd, h, deadline, peer, &reported);
+  return stream.ok() ? reported : stream;
+}
+
+Status NotSentInTime(const std::string& peer) {
+  return DeadlineExceededError("deadline passed before sending to peer " + peer);
 }
 
 }  // namespace
@@ -230,9 +244,7 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
       RecordFailure(st);
       // Replies to what was sent can no longer be read; everything in the window fails.
       for (size_t k = 0; k < jobs.size(); ++k) {
-        Status fail = (k < i && !sent[k])
-                          ? DeadlineExceededError("deadline passed before sending to peer " + name_)
-                          : st;
+        Status fail = (k < i && !sent[k]) ? NotSentInTime(name_) : st;
         jobs[k].done->OnSliceDone(jobs[k].slice, fail);
       }
       return;
@@ -243,8 +255,7 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     Slice* s = jobs[i].slice;
     if (!sent[i]) {
-      jobs[i].done->OnSliceDone(
-          s, DeadlineExceededError("deadline passed before sending to peer " + name_));
+      jobs[i].done->OnSliceDone(s, NotSentInTime(name_));
       continue;
     }
     FrameHeader h;
@@ -255,16 +266,11 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
     if (st.ok()) {
       switch (h.type) {
         case FrameType::kError: {
-          if (h.length > kMaxControlPayload) {
-            st = DataLossError("oversized error frame from " + name_);
-            break;
-          }
-          std::string message(h.length, '\0');
-          st = RecvAll(fd, message.data(), message.size(), s->deadline, name_);
+          Status reported;
+          st = ReadErrorFrame(fd, h, s->deadline, name_, &reported);
           if (st.ok()) {
             // The stream is still in sync after an error frame: only this request failed.
-            jobs[i].done->OnSliceDone(s,
-                                      ErrorFrameStatus(h.code, "peer " + name_ + ": " + message));
+            jobs[i].done->OnSliceDone(s, reported);
             continue;
           }
           break;
@@ -290,11 +296,7 @@ void TcpPeer::RunJobs(Fd* conn, std::vector<Job>& jobs) {
       conn->Reset();
       if (st.code() != StatusCode::kDeadlineExceeded) RecordFailure(st);
       for (size_t k = i; k < jobs.size(); ++k) {
-        jobs[k].done->OnSliceDone(
-            jobs[k].slice,
-            k == i || sent[k]
-                ? st
-                : DeadlineExceededError("deadline passed before sending to peer " + name_));
+        jobs[k].done->OnSliceDone(jobs[k].slice, k == i || sent[k] ? st : NotSentInTime(name_));
       }
       return;
     }
