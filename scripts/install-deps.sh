@@ -15,6 +15,14 @@ packages=(
   libgtest-dev
   libgmock-dev
   clang-format
+  pkg-config
+  libgrpc++-dev
+  libprotobuf-dev
+  protobuf-compiler
+  protobuf-compiler-grpc
+  libcpp-httplib-dev
+  zlib1g-dev
+  libbrotli-dev
 )
 
 missing=()

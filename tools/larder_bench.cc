@@ -4,11 +4,14 @@
 //   transfer  READ/WRITE bandwidth and latency of the transfer engine next to memcpy
 //   target    serve one segment for `transfer --target` (started automatically otherwise)
 //   registration  native registrations saved by registration coverage (emulated device)
+//   store     puts and gets through the store across client processes
 #include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "bench/process.h"
 #include "bench/registration_bench.h"
+#include "bench/store_bench.h"
+#include "bench/store_worker.h"
 #include "bench/target.h"
 #include "bench/transfer_bench.h"
 #include "common/env.h"
@@ -16,10 +19,10 @@
 namespace {
 
 // CLI11 transform that accepts sizes such as 4K, 64M, 1G and rewrites them to bytes.
-CLI::Validator ByteSize() {
+CLI::Validator ByteSize(bool allow_zero = false) {
   return CLI::Validator(
-      [](std::string& value) -> std::string {
-        auto parsed = larder::ParseByteSize(value);
+      [allow_zero](std::string& value) -> std::string {
+        auto parsed = larder::ParseByteSize(value, allow_zero);
         if (!parsed.ok()) return parsed.status().message();
         value = std::to_string(*parsed);
         return "";
@@ -89,7 +92,54 @@ int main(int argc, char** argv) {
   r->add_option("--rounds", registration.rounds, "register/deregister rounds")
       ->capture_default_str();
 
+  larder::bench::StoreBenchOptions store;
+  auto* s = app.add_subcommand("store",
+                               "puts and gets through the store, each crossing a process boundary");
+  bool embedded = false;
+  s->add_flag("--embedded", embedded,
+              "start a master in this process (the default without --master)");
+  s->add_option("--master", store.master, "ip:port of a running larder-master");
+  s->add_option("--clients", store.clients, "client processes on this host")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  s->add_option("--segment-size", store.segment_size, "bytes each client contributes")
+      ->transform(ByteSize())
+      ->default_str("1G");
+  s->add_option("--op", store.ops, "comma list of put, get, mixed (half the clients put)")
+      ->capture_default_str();
+  s->add_option("--value-size", store.value_sizes, "comma list of value sizes (4K, 64K, 4M)")
+      ->capture_default_str();
+  s->add_option("--batch", store.batch, "keys per batch call")->capture_default_str();
+  s->add_option("--duration", store.duration_s, "seconds per measurement")->capture_default_str();
+  s->add_option("--protocol", store.protocol, "store protocol of the clients")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+      ->capture_default_str();
+  s->add_option("--working-set", store.working_set,
+                "bytes per client read by gets (default: min(segment/2, 256M))")
+      ->transform(ByteSize());
+  s->add_flag("!--copy", store.zero_copy,
+              "use the copying Put/Get API instead of registered buffers (PutFrom/GetInto)");
+  s->add_flag("--json", store.json, "one JSON object per line");
+
+  larder::bench::StoreWorkerOptions worker;
+  auto* w = app.add_subcommand("store-worker", "a store client driven over stdin (internal)");
+  w->group("");
+  w->add_option("--master", worker.master, "larder-master address");
+  w->add_option("--protocol", worker.protocol, "store protocol");
+  w->add_option("--segment-size", worker.segment_size, "bytes to contribute")
+      ->transform(ByteSize(/*allow_zero=*/true));
+  w->add_option("--segment-name", worker.segment_name, "segment name");
+
   CLI11_PARSE(app, argc, argv);
+
+  if (s->parsed()) {
+    if (embedded && !store.master.empty()) {
+      std::cerr << "larder-bench store: --embedded and --master exclude each other\n";
+      return 2;
+    }
+    return larder::bench::RunStoreBench(store);
+  }
+  if (w->parsed()) return larder::bench::RunStoreWorker(worker);
 
   if (r->parsed()) {
     if (scattered) registration.adjacent = false;

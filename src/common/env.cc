@@ -17,6 +17,30 @@ std::string GetEnv(const char* name) {
   return value ? std::string(value) : std::string();
 }
 
+Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0 || digits > 12) {
+    return InvalidArgumentError("bad duration '" + std::string(text) + "' (e.g. 500ms, 5s, 2m)");
+  }
+  int64_t value = std::stoll(std::string(text.substr(0, digits)));
+  std::string_view unit = text.substr(digits);
+  int64_t multiplier;
+  if (unit.empty() || unit == "ms") {
+    multiplier = 1;
+  } else if (unit == "s") {
+    multiplier = 1000;
+  } else if (unit == "m") {
+    multiplier = 60 * 1000;
+  } else if (unit == "h") {
+    multiplier = 3600 * 1000;
+  } else {
+    return InvalidArgumentError("bad duration unit in '" + std::string(text) +
+                                "' (use ms, s, m or h)");
+  }
+  return std::chrono::milliseconds(value * multiplier);
+}
+
 Result<uint64_t> ParseByteSize(std::string_view text, bool allow_zero) {
   std::string s;
   for (char c : text) {

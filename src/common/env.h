@@ -3,6 +3,7 @@
 // Environment and configuration helpers shared by every component.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -17,6 +18,10 @@ std::string GetEnv(const char* name);
 // Parses a byte size: "4096", "4K", "64KiB", "4M", "1G", "2gb" (binary multiples,
 // case-insensitive). InvalidArgument for anything else, for zero when !allow_zero, and on overflow.
 Result<uint64_t> ParseByteSize(std::string_view text, bool allow_zero = false);
+
+// Parses a duration: "250ms", "5s", "2m", "1h"; a bare number is milliseconds. InvalidArgument
+// for anything else and on overflow.
+Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
 
 // "4K", "64K", "4M", "1G" when exact, else bytes.
 std::string FormatByteSize(uint64_t bytes);

@@ -150,5 +150,16 @@ TEST(RandomU64Test, ValuesDiffer) {
   EXPECT_NE(RandomU64(), RandomU64());
 }
 
+TEST(EnvTest, ParseDurationAcceptsUnits) {
+  EXPECT_EQ(*ParseDuration("250ms"), std::chrono::milliseconds(250));
+  EXPECT_EQ(*ParseDuration("5s"), std::chrono::milliseconds(5000));
+  EXPECT_EQ(*ParseDuration("2m"), std::chrono::milliseconds(120000));
+  EXPECT_EQ(*ParseDuration("1h"), std::chrono::milliseconds(3600000));
+  EXPECT_EQ(*ParseDuration("40"), std::chrono::milliseconds(40));
+  for (const char* bad : {"", "s", "5x", "-1s", "1.5s", "9999999999999s"}) {
+    EXPECT_EQ(ParseDuration(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace larder

@@ -28,6 +28,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
     stdin_fd_ = other.stdin_fd_;
     stdout_fd_ = other.stdout_fd_;
     address_ = std::move(other.address_);
+    buffered_ = std::move(other.buffered_);
     other.pid_ = -1;
     other.stdin_fd_ = other.stdout_fd_ = -1;
   }
@@ -38,6 +39,8 @@ Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
                                          const std::map<std::string, std::string>& env,
                                          std::chrono::milliseconds timeout) {
   if (argv.empty()) return InvalidArgumentError("no program to spawn");
+  // A child that dies must not take us with it when we next write to its stdin.
+  signal(SIGPIPE, SIG_IGN);
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0) return ErrnoToStatus(errno, "pipe");
   if (pipe2(out, O_CLOEXEC) != 0) {
@@ -100,6 +103,44 @@ Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
       return child;
     }
     line.clear();
+  }
+}
+
+Status ChildProcess::WriteLine(const std::string& line) {
+  std::string data = line + "\n";
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = write(stdin_fd_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return UnavailableError("child " + std::to_string(pid_) + " closed its stdin");
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ChildProcess::ReadLine(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    size_t newline = buffered_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = buffered_.substr(0, newline);
+      buffered_.erase(0, newline + 1);
+      return line;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return DeadlineExceededError("child " + std::to_string(pid_) + " printed no line in time");
+    }
+    pollfd p{stdout_fd_, POLLIN, 0};
+    int rc = poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) continue;
+    char chunk[65536];
+    ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return UnavailableError("child " + std::to_string(pid_) + " exited");
+    buffered_.append(chunk, static_cast<size_t>(n));
   }
 }
 

@@ -32,6 +32,12 @@ class ChildProcess {
 
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }
+  // Writes `line` and a newline to its stdin. Errors: Unavailable (it exited).
+  Status WriteLine(const std::string& line);
+  // The next line it prints on stdout (without the newline). Errors: DeadlineExceeded,
+  // Unavailable (it exited).
+  Result<std::string> ReadLine(std::chrono::milliseconds timeout);
+
   // Sends `signal` (e.g. SIGKILL for crash tests).
   void Kill(int signal);
   // Closes its stdin and waits up to `timeout` for it to exit; kills it after that. Exit status.
@@ -42,6 +48,7 @@ class ChildProcess {
   int stdin_fd_ = -1;
   int stdout_fd_ = -1;
   std::string address_;
+  std::string buffered_;  // stdout read but not yet returned by ReadLine
 };
 
 // Path of the running executable.

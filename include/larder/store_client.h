@@ -1,0 +1,161 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// larder::StoreClient: a process's handle on the Larder store, the shared KV-cache pool.
+//
+// A client contributes a *global segment* of its host memory to the pool (memory allocated by its
+// store engine's transport: a memfd when shm is enabled, so same-host peers can map it), mounts it
+// with larder-master, heartbeats, and puts and gets objects. Bytes move directly between
+// processes through the client's TransferEngine (role kStore): memcpy inside the process, a
+// mapped memfd between processes of one host, TCP between hosts. The master only says where
+// replicas are.
+//
+// Objects are immutable byte strings addressed by keys. A put of a key that exists succeeds
+// without rewriting it. A get holds a lease from the master that keeps the object from being
+// evicted or removed while the bytes are copied; if the lease runs out before the copy completes,
+// the get fails with Unavailable (retry) rather than return bytes that may belong to another
+// object by then.
+//
+// Thread-safety: every method may be called from any number of threads at once.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "larder/status.h"
+#include "larder/transfer_engine.h"
+
+namespace larder {
+
+// Every field has its default here and in docs/configuration.md.
+struct StoreClientOptions {
+  // larder-master's gRPC address.
+  std::string master_address = "127.0.0.1:50051";
+  // Address this process's data server listens on (other hosts reach its segment there).
+  std::string local_hostname = "127.0.0.1";
+  // Name of this client's global segment in the cluster; other clients name it in
+  // PutConfig::preferred_segments. Empty: "<local_hostname>:<data port>", unique per process.
+  std::string segment_name;
+  // Bytes this client contributes to the pool. 0: contribute nothing (a pure reader/writer).
+  uint64_t global_segment_size = 256ull << 20;
+  // Bytes of registered local memory the copying API (Put/Get) may stage through. Larder's
+  // transports read and write the caller's memory directly, so this is only reserved when the
+  // store protocol requires registered local memory; 0 is a valid setting. Accepted for
+  // compatibility with Mooncake configurations.
+  uint64_t local_buffer_size = 0;
+  // Transports of the store engine ("auto", "shm,tcp", "tcp", "device", ...). Empty:
+  // LARDER_STORE_PROTOCOL, else LARDER_PROTOCOL, else "auto".
+  std::string protocol;
+  // Replicas per object when a put does not say.
+  uint32_t replica_num = 1;
+  // Shared secret for shm handoff and TCP connections between clients. Empty: none.
+  std::string auth_token;
+  // Host identity (same host = same id). Empty: LARDER_HOST_ID, else the kernel boot id.
+  std::string host_id;
+  // Longest time between heartbeats; shortened to a third of the master's client TTL.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // Deadline of each call to the master.
+  std::chrono::milliseconds rpc_timeout{10000};
+  // Deadline of the data movement of one batch.
+  std::chrono::milliseconds transfer_timeout{10000};
+
+  // The defaults, overridden by the environment: LARDER_MASTER, LARDER_LOCAL_HOSTNAME,
+  // LARDER_SEGMENT_NAME, LARDER_GLOBAL_SEGMENT_SIZE and LARDER_LOCAL_BUFFER_SIZE (sizes such as
+  // "4gb", "512MiB"), LARDER_REPLICA_NUM, LARDER_AUTH_TOKEN, LARDER_HOST_ID. The protocol is left
+  // empty, so the engine resolves LARDER_STORE_PROTOCOL / LARDER_PROTOCOL itself.
+  // Errors: InvalidArgument naming the variable that does not parse.
+  static Result<StoreClientOptions> FromEnvironment();
+};
+
+// Per-put placement settings.
+struct PutConfig {
+  uint32_t replica_num = 0;  // 0: StoreClientOptions::replica_num
+  // Segment names to place replicas in first, in order (see StoreClient::segment_name()).
+  std::vector<std::string> preferred_segments;
+  // Pinned objects are never evicted; only Remove deletes them.
+  bool pin = false;
+};
+
+class StoreClient {
+ public:
+  // Creates the store engine, allocates and mounts the global segment, and starts heartbeats.
+  // Errors: Unavailable (master unreachable), InvalidArgument (bad options), and whatever the
+  // engine or the mount reports (e.g. ResourceExhausted when memory cannot be allocated).
+  static Result<std::unique_ptr<StoreClient>> Create(const StoreClientOptions& options);
+
+  // Unmounts the segment (objects with no replica elsewhere are gone from the pool) and stops.
+  virtual ~StoreClient() = default;
+
+  // The global segment's name ("" when global_segment_size is 0).
+  virtual const std::string& segment_name() const = 0;
+  // The client id the master knows this process by.
+  virtual const std::string& client_id() const = 0;
+  // The store engine (role kStore).
+  virtual TransferEngine& engine() = 0;
+
+  // ---- copying API: values are copied from / into memory Larder manages for the caller ----
+
+  // Stores `value` under `key`. OK also when the key already exists (not rewritten).
+  // Errors: InvalidArgument (empty or oversize key, empty value, value larger than any segment),
+  // ResourceExhausted (no space and nothing evictable), Unavailable (master or peer unreachable;
+  // retry), and transfer errors.
+  virtual Status Put(std::string_view key, std::span<const std::byte> value,
+                     const PutConfig& config = {}) = 0;
+  // The value of `key`. Errors: NotFound, Unavailable (being written, lease expired, or
+  // unreachable).
+  virtual Result<std::string> Get(std::string_view key) = 0;
+  // One master RPC and one transfer batch for all keys. Results are in the order of `keys`.
+  // REQUIRES: keys.size() == values.size().
+  virtual std::vector<Status> BatchPut(std::span<const std::string> keys,
+                                       std::span<const std::span<const std::byte>> values,
+                                       const PutConfig& config = {}) = 0;
+  virtual std::vector<Result<std::string>> BatchGet(std::span<const std::string> keys) = 0;
+
+  // ---- zero-copy API: values move straight between registered buffers and segments ----
+
+  // Registers [ptr, ptr + size) for PutFrom/GetInto (and with the engine, for transports that need
+  // registration). Errors: InvalidArgument (null or empty, or overlapping a registered buffer).
+  virtual Status RegisterBuffer(void* ptr, size_t size) = 0;
+  // Errors: NotFound (no buffer registered at ptr).
+  virtual Status UnregisterBuffer(void* ptr) = 0;
+  // Stores the `size` bytes at `ptr`. REQUIRES: the range lies in a registered buffer and stays
+  // unchanged until the call returns. Errors as Put, plus FailedPrecondition (not registered).
+  virtual Status PutFrom(std::string_view key, const void* ptr, size_t size,
+                         const PutConfig& config = {}) = 0;
+  // Copies the value of `key` into [ptr, ptr + capacity) and returns its size. Errors as Get, plus
+  // FailedPrecondition (not registered) and InvalidArgument (capacity smaller than the value).
+  virtual Result<size_t> GetInto(std::string_view key, void* ptr, size_t capacity) = 0;
+  // REQUIRES: keys, ptrs and sizes have the same length.
+  virtual std::vector<Status> BatchPutFrom(std::span<const std::string> keys,
+                                           std::span<void* const> ptrs,
+                                           std::span<const size_t> sizes,
+                                           const PutConfig& config = {}) = 0;
+  virtual std::vector<Result<size_t>> BatchGetInto(std::span<const std::string> keys,
+                                                   std::span<void* const> ptrs,
+                                                   std::span<const size_t> capacities) = 0;
+
+  // ---- metadata ----
+
+  // True when the object is stored and complete. Takes no lease.
+  virtual Result<bool> Exist(std::string_view key) = 0;
+  virtual std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) = 0;
+  // The value's size in bytes. Errors: NotFound.
+  virtual Result<uint64_t> GetSize(std::string_view key) = 0;
+  // Errors: NotFound, Unavailable (leased by a reader or being written: retry later).
+  virtual Status Remove(std::string_view key) = 0;
+  virtual std::vector<Status> BatchRemove(std::span<const std::string> keys) = 0;
+  // Removes every object no reader holds a lease on; returns how many were removed.
+  virtual Result<uint64_t> RemoveAll() = 0;
+
+  // The route this client's transfers to the named segment take (kLocal in the same process,
+  // kSameHostShm on the same host when shm is enabled, kTcp otherwise). Errors: NotFound (no such
+  // segment is mounted), Unavailable (it cannot be reached).
+  virtual Result<RouteKind> RouteTo(std::string_view segment_name) = 0;
+};
+
+}  // namespace larder

@@ -1,0 +1,123 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Liveness and cleanup: expired clients, timed-out puts, quarantined ranges.
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "master/master_state.h"
+
+namespace larder::master {
+
+void MasterState::RunMaintenance() {
+  int64_t now = Now();
+  ExpireClients(now);
+  RevokeTimedOutPuts(now);
+  ReleaseQuarantine(now);
+  EvictAboveWatermark();
+}
+
+void MasterState::ExpireClients(int64_t now) {
+  int64_t ttl = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.client_ttl).count();
+  std::vector<std::pair<std::string, uint32_t>> expired;
+  {
+    std::lock_guard lock(clients_mu_);
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      if (now - it->second.last_seen > ttl) {
+        expired.emplace_back(it->first, it->second.slot);
+        it = clients_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& [client_id, slot] : expired) {
+    std::vector<SegmentId> segments = segments_.SegmentsOf(slot);
+    for (SegmentId id : segments) segments_.Unmount(id, slot).IgnoreError();
+    DropSegments(segments, slot);
+    counters_.client_expiries.fetch_add(1, std::memory_order_relaxed);
+    Log().warn("client {} silent for over {} ms: expired, {} segment(s) unmounted", client_id,
+               options_.client_ttl.count(), segments.size());
+  }
+}
+
+void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot) {
+  auto dropped = [&](const StoredReplica& replica) {
+    return std::find(segments.begin(), segments.end(), replica.segment_id) != segments.end();
+  };
+  uint64_t lost = 0;
+  for (size_t s = 0; s < shard_count_; ++s) {
+    Shard& shard = shards_[s];
+    std::vector<StoredReplica> quarantined;
+    {
+      std::lock_guard lock(shard.mu);
+      for (auto it = shard.objects.begin(); it != shard.objects.end();) {
+        Object& object = it->second;
+        std::erase_if(object.replicas, dropped);
+        bool revoke = writer_slot != 0 && object.writer == writer_slot &&
+                      object.state == ObjectState::kProcessing;
+        if (object.replicas.empty() || revoke) {
+          // A dead writer may still have bytes in flight into the surviving ranges.
+          quarantined.insert(quarantined.end(), object.replicas.begin(), object.replicas.end());
+          shard.LruUnlink(&object);
+          it = shard.objects.erase(it);
+          objects_.fetch_sub(1, std::memory_order_relaxed);
+          ++lost;
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (!quarantined.empty()) Quarantine(std::move(quarantined));
+  }
+  if (lost > 0) Log().info("{} object(s) lost with their segments", lost);
+}
+
+void MasterState::RevokeTimedOutPuts(int64_t now) {
+  for (size_t s = 0; s < shard_count_; ++s) {
+    Shard& shard = shards_[s];
+    std::vector<StoredReplica> quarantined;
+    {
+      std::lock_guard lock(shard.mu);
+      while (!shard.pending_puts.empty() && shard.pending_puts.front().deadline <= now) {
+        PendingPut pending = std::move(shard.pending_puts.front());
+        shard.pending_puts.pop_front();
+        auto it = shard.objects.find(pending.key);
+        if (it == shard.objects.end() || it->second.state != ObjectState::kProcessing ||
+            it->second.put_started != pending.put_started) {
+          continue;  // ended, revoked or replaced since
+        }
+        std::vector<StoredReplica> replicas = EraseLocked(shard, pending.key);
+        quarantined.insert(quarantined.end(), replicas.begin(), replicas.end());
+        counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
+        Log().warn("put of key '{}' not ended within {} ms: revoked", pending.key,
+                   options_.put_timeout.count());
+      }
+    }
+    if (!quarantined.empty()) Quarantine(std::move(quarantined));
+  }
+}
+
+// Ranges whose writer may still be copying are held back for one more put_timeout before reuse,
+// so that a late write cannot land in another object's bytes.
+void MasterState::Quarantine(std::vector<StoredReplica> replicas) {
+  std::lock_guard lock(quarantine_mu_);
+  quarantine_.push_back(QuarantinedRanges{
+      Now() + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.put_timeout).count(),
+      std::move(replicas)});
+}
+
+void MasterState::ReleaseQuarantine(int64_t now) {
+  std::vector<StoredReplica> released;
+  {
+    std::lock_guard lock(quarantine_mu_);
+    while (!quarantine_.empty() && quarantine_.front().release_at <= now) {
+      released.insert(released.end(), quarantine_.front().replicas.begin(),
+                      quarantine_.front().replicas.end());
+      quarantine_.pop_front();
+    }
+  }
+  segments_.Free(released);
+}
+
+}  // namespace larder::master

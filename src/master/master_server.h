@@ -1,0 +1,49 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "larder/status.h"
+#include "master/master_state.h"
+
+namespace larder::master {
+
+struct MasterServerOptions {
+  // gRPC control plane. Port 0 picks a free port (see MasterServer::port()).
+  std::string listen_host = "0.0.0.0";
+  uint16_t port = 50051;
+  // HTTP: /metrics, /health, /segments, /keys?prefix=. Port 0 picks a free port; -1 disables.
+  int http_port = 9003;
+  MasterOptions master;
+};
+
+// larder-master: the gRPC service and the HTTP endpoint over one MasterState.
+// Thread-safe; Shutdown (or destruction) stops both servers and the sweeper.
+class MasterServer {
+ public:
+  // Binds both ports and starts serving. Errors: Unavailable (a port is taken).
+  static Result<std::unique_ptr<MasterServer>> Start(MasterServerOptions options);
+  ~MasterServer();
+
+  uint16_t port() const;
+  int http_port() const;  // -1 when disabled
+  // "host:port" clients can dial on this machine.
+  std::string address() const;
+  MasterState& state();
+
+  // Stops accepting calls, finishes in-flight ones, stops the sweeper. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Impl;
+  explicit MasterServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Prometheus text exposition of the master's state (what /metrics serves).
+std::string RenderMetrics(const MasterState& state);
+
+}  // namespace larder::master

@@ -1,0 +1,476 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#include "master/master_state.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "common/env.h"
+#include "common/logging.h"
+
+namespace larder::master {
+
+namespace {
+
+// Segment ids carry the incarnation in their high half, so that a client holding ids from a
+// previous master never mistakes them for new ones.
+uint64_t SegmentIdBase(uint64_t incarnation) { return (incarnation & 0xffffffffull) << 32; }
+
+int64_t ToNanos(std::chrono::milliseconds d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+}  // namespace
+
+MasterState::MasterState(MasterOptions options)
+    : options_(std::move(options)),
+      incarnation_(RandomU64() | 1),
+      shard_count_(std::max<size_t>(options_.shards, 1)),
+      shards_(new Shard[shard_count_]),
+      segments_(SegmentIdBase(incarnation_), options_.allocation_alignment, options_.placement) {}
+
+MasterState::~MasterState() {
+  {
+    std::lock_guard lock(sweeper_mu_);
+    stopping_ = true;
+  }
+  sweeper_cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+}
+
+void MasterState::StartSweeper() {
+  if (sweeper_.joinable()) return;
+  sweeper_ = std::thread([this] { SweeperLoop(); });
+}
+
+void MasterState::SweeperLoop() {
+  std::unique_lock lock(sweeper_mu_);
+  while (!stopping_) {
+    sweeper_cv_.wait_for(lock, options_.sweep_interval, [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    RunMaintenance();
+    lock.lock();
+  }
+}
+
+int64_t MasterState::Now() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(options_.clock().time_since_epoch())
+      .count();
+}
+
+Shard& MasterState::ShardFor(std::string_view key) const {
+  return shards_[std::hash<std::string_view>{}(key) % shard_count_];
+}
+
+Result<MasterState::ClientRecord> MasterState::LookupClient(const std::string& client_id) {
+  std::lock_guard lock(clients_mu_);
+  auto it = clients_.find(client_id);
+  if (it == clients_.end()) {
+    return FailedPreconditionError("client '" + client_id +
+                                   "' is not registered with this master (it expired, or the "
+                                   "master restarted); mount its segments again");
+  }
+  it->second.last_seen = Now();
+  return it->second;
+}
+
+Status MasterState::ValidateKey(const std::string& key) const {
+  if (key.empty()) return InvalidArgumentError("empty key");
+  if (key.size() > options_.max_key_size) {
+    return InvalidArgumentError("key of " + std::to_string(key.size()) +
+                                " bytes exceeds the maximum of " +
+                                std::to_string(options_.max_key_size));
+  }
+  return Status::Ok();
+}
+
+// ---- clients and segments ----
+
+std::vector<Result<SegmentId>> MasterState::MountSegments(const std::string& client_id,
+                                                          const std::string& host_id,
+                                                          std::span<const SegmentMount> segments) {
+  uint32_t slot;
+  {
+    std::lock_guard lock(clients_mu_);
+    auto [it, inserted] = clients_.try_emplace(client_id);
+    if (inserted) {
+      it->second.slot = next_client_slot_++;
+      it->second.host_id = host_id;
+      Log().info("client {} (host {}) registered", client_id, host_id);
+    }
+    it->second.last_seen = Now();
+    slot = it->second.slot;
+  }
+  std::vector<Result<SegmentId>> results;
+  results.reserve(segments.size());
+  for (const SegmentMount& mount : segments) {
+    if (client_id.empty()) {
+      results.emplace_back(InvalidArgumentError("empty client id"));
+      continue;
+    }
+    results.push_back(segments_.Mount(slot, client_id, host_id, mount));
+    if (results.back().ok()) {
+      Log().info("segment '{}' ({}) mounted by {}", mount.name, FormatByteSize(mount.size),
+                 client_id);
+    }
+  }
+  return results;
+}
+
+Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& client_id,
+                                                         std::span<const SegmentId> segments) {
+  LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
+  std::vector<Status> results;
+  std::vector<SegmentId> unmounted;
+  for (SegmentId id : segments) {
+    results.push_back(segments_.Unmount(id, client.slot));
+    if (results.back().ok()) unmounted.push_back(id);
+  }
+  if (!unmounted.empty()) DropSegments(unmounted, 0);
+  return results;
+}
+
+HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id) {
+  std::lock_guard lock(clients_mu_);
+  auto it = clients_.find(client_id);
+  if (it == clients_.end()) return HeartbeatOutcome{.remount_required = true};
+  it->second.last_seen = Now();
+  return HeartbeatOutcome{};
+}
+
+// ---- objects ----
+
+Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::string& client_id,
+                                                                std::span<const PutStartItem> items,
+                                                                const PutOptions& options) {
+  LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
+  std::vector<PutStartOutcome> results(items.size());
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutStartItem& item = items[i];
+    if (!seen.insert(item.key).second) {
+      results[i].status = InvalidArgumentError("key '" + item.key + "' appears twice in the batch");
+      continue;
+    }
+    results[i] = PutStartOne(client, item, options);
+  }
+  return results;
+}
+
+PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutStartItem& item,
+                                         const PutOptions& options) {
+  PutStartOutcome outcome;
+  if (Status status = ValidateKey(item.key); !status.ok()) {
+    outcome.status = status;
+    return outcome;
+  }
+  if (item.size == 0) {
+    outcome.status = InvalidArgumentError("value of key '" + item.key + "' is empty");
+    return outcome;
+  }
+  // Without space, evict and retry while eviction frees something. Each round evicts at least
+  // what this object needs, and at least eviction_ratio of the pool so rounds stay rare.
+  for (int round = 0;; ++round) {
+    {
+      Shard& shard = ShardFor(item.key);
+      std::lock_guard lock(shard.mu);
+      auto it = shard.objects.find(item.key);
+      if (it != shard.objects.end()) {
+        Object& object = it->second;
+        if (object.state == ObjectState::kProcessing && object.writer == client.slot) {
+          // The same client asks again (a retried call whose reply was lost): same answer.
+          for (const StoredReplica& replica : object.replicas) {
+            outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
+          }
+          return outcome;
+        }
+        // Objects are immutable: the put succeeds without rewriting. A put of a stored key is a
+        // reference to it, as a get is.
+        if (object.state == ObjectState::kComplete) shard.LruTouch(&object, ++tick_);
+        outcome.already_exists = true;
+        return outcome;
+      }
+      auto placed = segments_.Allocate(item.size, options, client.slot, client.host_id);
+      if (placed.ok()) {
+        int64_t now = Now();
+        auto [entry, inserted] = shard.objects.try_emplace(item.key);
+        Object& object = entry->second;
+        object.key = &entry->first;
+        object.size = item.size;
+        object.put_started = now;
+        object.writer = client.slot;
+        object.pinned = options.pin;
+        object.replicas = std::move(*placed);
+        shard.pending_puts.push_back(
+            PendingPut{now + ToNanos(options_.put_timeout), now, item.key});
+        objects_.fetch_add(1, std::memory_order_relaxed);
+        outcome.replicas.reserve(object.replicas.size());
+        for (const StoredReplica& replica : object.replicas) {
+          outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
+        }
+        return outcome;
+      }
+      if (placed.status().code() != StatusCode::kResourceExhausted || round >= 64) {
+        outcome.status = placed.status().WithContext("key '" + item.key + "'");
+        return outcome;
+      }
+    }
+    SegmentTable::Usage usage = segments_.usage();
+    uint64_t want = std::max<uint64_t>(
+        item.size * std::max<uint32_t>(options.replica_num, 1),
+        static_cast<uint64_t>(static_cast<double>(usage.capacity) * options_.eviction_ratio));
+    if (Evict(want) == 0) {
+      outcome.status = ResourceExhaustedError(
+          "no space for key '" + item.key + "' (" + std::to_string(item.size) +
+          " bytes) and nothing is evictable: every object is leased, pinned or being written");
+      return outcome;
+    }
+  }
+}
+
+Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_id,
+                                                     std::span<const std::string> keys) {
+  LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
+  std::vector<Status> results;
+  results.reserve(keys.size());
+  for (const std::string& key : keys) {
+    Shard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.objects.find(key);
+    if (it == shard.objects.end()) {
+      results.push_back(NotFoundError("no put in progress for key '" + key +
+                                      "' (revoked, timed out, or its segments were lost)"));
+      continue;
+    }
+    Object& object = it->second;
+    if (object.writer != client.slot) {
+      results.push_back(FailedPreconditionError("key '" + key + "' is not a put of this client"));
+      continue;
+    }
+    if (object.state == ObjectState::kComplete) {
+      results.push_back(Status::Ok());  // a retried PutEnd
+      continue;
+    }
+    object.state = ObjectState::kComplete;
+    object.last_access = ++tick_;
+    if (!object.pinned) shard.LruPushNewest(&object);
+    counters_.puts.fetch_add(1, std::memory_order_relaxed);
+    results.push_back(Status::Ok());
+  }
+  return results;
+}
+
+Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& client_id,
+                                                        std::span<const std::string> keys) {
+  LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
+  std::vector<Status> results;
+  results.reserve(keys.size());
+  for (const std::string& key : keys) {
+    std::vector<StoredReplica> freed;
+    {
+      Shard& shard = ShardFor(key);
+      std::lock_guard lock(shard.mu);
+      auto it = shard.objects.find(key);
+      if (it == shard.objects.end()) {
+        results.push_back(NotFoundError("no put in progress for key '" + key + "'"));
+        continue;
+      }
+      if (it->second.state != ObjectState::kProcessing || it->second.writer != client.slot) {
+        results.push_back(FailedPreconditionError("key '" + key + "' is not a put of this client"));
+        continue;
+      }
+      freed = EraseLocked(shard, key);
+    }
+    // The writer says it stopped writing, so the ranges can go back at once.
+    segments_.Free(freed);
+    counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
+    results.push_back(Status::Ok());
+  }
+  return results;
+}
+
+Result<std::vector<GetOutcome>> MasterState::BatchGetReplicas(const std::string& client_id,
+                                                              std::span<const std::string> keys) {
+  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
+  std::vector<GetOutcome> results(keys.size());
+  int64_t now = Now();
+  int64_t lease_until = now + ToNanos(options_.lease_ttl);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& key = keys[i];
+    GetOutcome& outcome = results[i];
+    Shard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.objects.find(key);
+    if (it == shard.objects.end()) {
+      outcome.status = NotFoundError("key '" + key + "' not found");
+      counters_.get_misses.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    Object& object = it->second;
+    if (object.state != ObjectState::kComplete) {
+      outcome.status = UnavailableError("key '" + key + "' is still being written");
+      counters_.get_misses.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (object.lease_until != 0 && object.lease_until < now) {
+      counters_.lease_expiries.fetch_add(1, std::memory_order_relaxed);
+    }
+    object.lease_until = lease_until;
+    shard.LruTouch(&object, ++tick_);
+    outcome.size = object.size;
+    outcome.lease = options_.lease_ttl;
+    outcome.replicas.reserve(object.replicas.size());
+    for (const StoredReplica& replica : object.replicas) {
+      outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
+    }
+    counters_.gets.fetch_add(1, std::memory_order_relaxed);
+  }
+  return results;
+}
+
+Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id,
+                                                    std::span<const std::string> keys) {
+  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
+  std::vector<Status> results;
+  results.reserve(keys.size());
+  for (const std::string& key : keys) {
+    Shard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.objects.find(key);
+    if (it != shard.objects.end() && it->second.state == ObjectState::kComplete) {
+      results.push_back(Status::Ok());
+    } else {
+      results.push_back(NotFoundError("key '" + key + "' not found"));
+    }
+  }
+  return results;
+}
+
+Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_id,
+                                                     std::span<const std::string> keys) {
+  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
+  std::vector<Status> results;
+  results.reserve(keys.size());
+  int64_t now = Now();
+  for (const std::string& key : keys) {
+    std::vector<StoredReplica> freed;
+    {
+      Shard& shard = ShardFor(key);
+      std::lock_guard lock(shard.mu);
+      auto it = shard.objects.find(key);
+      if (it == shard.objects.end()) {
+        results.push_back(NotFoundError("key '" + key + "' not found"));
+        continue;
+      }
+      if (it->second.state != ObjectState::kComplete) {
+        results.push_back(UnavailableError("key '" + key + "' is being written; retry later"));
+        continue;
+      }
+      if (it->second.lease_until > now) {
+        results.push_back(UnavailableError(
+            "key '" + key + "' is leased to a reader for another " +
+            std::to_string((it->second.lease_until - now) / 1000000 + 1) + " ms; retry later"));
+        continue;
+      }
+      freed = EraseLocked(shard, key);
+    }
+    segments_.Free(freed);
+    counters_.removes.fetch_add(1, std::memory_order_relaxed);
+    results.push_back(Status::Ok());
+  }
+  return results;
+}
+
+Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
+  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
+  RemoveAllOutcome outcome;
+  int64_t now = Now();
+  for (size_t s = 0; s < shard_count_; ++s) {
+    Shard& shard = shards_[s];
+    std::vector<StoredReplica> freed;
+    {
+      std::lock_guard lock(shard.mu);
+      for (auto it = shard.objects.begin(); it != shard.objects.end();) {
+        Object& object = it->second;
+        if (object.state != ObjectState::kComplete) {
+          ++it;
+          continue;
+        }
+        if (object.lease_until > now) {
+          ++outcome.skipped_leased;
+          ++it;
+          continue;
+        }
+        shard.LruUnlink(&object);
+        freed.insert(freed.end(), object.replicas.begin(), object.replicas.end());
+        it = shard.objects.erase(it);
+        objects_.fetch_sub(1, std::memory_order_relaxed);
+        ++outcome.removed;
+      }
+    }
+    segments_.Free(freed);
+  }
+  counters_.removes.fetch_add(outcome.removed, std::memory_order_relaxed);
+  return outcome;
+}
+
+std::vector<StoredReplica> MasterState::EraseLocked(Shard& shard, const std::string& key) {
+  auto it = shard.objects.find(key);
+  if (it == shard.objects.end()) return {};
+  shard.LruUnlink(&it->second);
+  std::vector<StoredReplica> replicas = std::move(it->second.replicas);
+  shard.objects.erase(it);
+  objects_.fetch_sub(1, std::memory_order_relaxed);
+  return replicas;
+}
+
+// ---- operators ----
+
+std::vector<SegmentView> MasterState::ListSegments(std::span<const SegmentId> ids) const {
+  return segments_.List(ids);
+}
+
+std::vector<std::pair<std::string, uint64_t>> MasterState::ListKeys(std::string_view prefix,
+                                                                    size_t limit) const {
+  std::vector<std::pair<std::string, uint64_t>> keys;
+  for (size_t s = 0; s < shard_count_; ++s) {
+    Shard& shard = shards_[s];
+    std::lock_guard lock(shard.mu);
+    for (const auto& [key, object] : shard.objects) {
+      if (object.state == ObjectState::kComplete && key.starts_with(prefix)) {
+        keys.emplace_back(key, object.size);
+      }
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  if (keys.size() > limit) keys.resize(limit);
+  return keys;
+}
+
+MasterStats MasterState::Stats() const {
+  MasterStats stats;
+  SegmentTable::Usage usage = segments_.usage();
+  stats.objects = objects_.load(std::memory_order_relaxed);
+  stats.bytes_used = usage.used;
+  stats.bytes_capacity = usage.capacity;
+  stats.segments = usage.segments;
+  {
+    std::lock_guard lock(clients_mu_);
+    stats.clients = clients_.size();
+  }
+  stats.puts = counters_.puts.load();
+  stats.gets = counters_.gets.load();
+  stats.get_misses = counters_.get_misses.load();
+  stats.removes = counters_.removes.load();
+  stats.evictions = counters_.evictions.load();
+  stats.evicted_bytes = counters_.evicted_bytes.load();
+  stats.lease_expiries = counters_.lease_expiries.load();
+  stats.put_revokes = counters_.put_revokes.load();
+  stats.client_expiries = counters_.client_expiries.load();
+  stats.incarnation = incarnation_;
+  return stats;
+}
+
+}  // namespace larder::master

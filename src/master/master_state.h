@@ -1,0 +1,168 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "larder/status.h"
+#include "master/object_shards.h"
+#include "master/segment_table.h"
+#include "master/types.h"
+
+namespace larder::master {
+
+// All of the master's metadata and the operations on it, with no networking: the gRPC service
+// and the HTTP endpoint are thin layers over this class, and unit tests drive it directly.
+//
+// Objects live in `options.shards` shards, one mutex each; segments and their allocators live in
+// the SegmentTable (its own mutex); clients in a table with its own mutex. Lock order, where two
+// are held: shard, then segment table. Eviction never holds two shard locks.
+//
+// Every data call names the calling client; a client the master does not know (never mounted,
+// expired, or known only to a previous master incarnation) gets FailedPrecondition for the whole
+// call and must mount again.
+//
+// Thread-safe.
+class MasterState {
+ public:
+  explicit MasterState(MasterOptions options);
+  ~MasterState();
+  MasterState(const MasterState&) = delete;
+  MasterState& operator=(const MasterState&) = delete;
+
+  // Runs RunMaintenance every options.sweep_interval on a background thread until destruction.
+  void StartSweeper();
+
+  // A random number drawn at construction: clients notice a restarted master by its change.
+  uint64_t incarnation() const { return incarnation_; }
+  const MasterOptions& options() const { return options_; }
+
+  // ---- clients and segments ----
+
+  // Registers the client (if new) and mounts each segment; an empty list only registers.
+  // Per-item errors: see SegmentTable::Mount.
+  std::vector<Result<SegmentId>> MountSegments(const std::string& client_id,
+                                               const std::string& host_id,
+                                               std::span<const SegmentMount> segments);
+  // Unmounts and drops every replica placed on the segments.
+  Result<std::vector<Status>> UnmountSegments(const std::string& client_id,
+                                              std::span<const SegmentId> segments);
+  // Marks the client alive. remount_required when the master does not know it.
+  HeartbeatOutcome Heartbeat(const std::string& client_id);
+
+  // ---- objects ----
+
+  // Reserves the keys and places their replicas. Per item: OK with replicas to write (the same
+  // ones again when this client's put of the key is already in progress, so a retried call is
+  // harmless); OK with already_exists (stored, or being stored by another client); InvalidArgument
+  // (empty or oversize key, size 0, value larger than every segment, duplicate key in the batch,
+  // more replicas than segments); ResourceExhausted (no space even after evicting everything
+  // evictable).
+  Result<std::vector<PutStartOutcome>> BatchPutStart(const std::string& client_id,
+                                                     std::span<const PutStartItem> items,
+                                                     const PutOptions& options);
+  // Makes the objects readable (OK again for one already ended by this client). Per item:
+  // NotFound (no such put: revoked, timed out, or its every replica was lost),
+  // FailedPrecondition (another client's put).
+  Result<std::vector<Status>> BatchPutEnd(const std::string& client_id,
+                                          std::span<const std::string> keys);
+  // Abandons puts of this client and frees their space (after a grace period, since a writer may
+  // still be copying). Per item: NotFound, FailedPrecondition as for PutEnd.
+  Result<std::vector<Status>> BatchPutRevoke(const std::string& client_id,
+                                             std::span<const std::string> keys);
+  // Replicas of complete objects, each granted a lease of options.lease_ttl. Per item: NotFound
+  // (unknown key), Unavailable (still being written).
+  Result<std::vector<GetOutcome>> BatchGetReplicas(const std::string& client_id,
+                                                   std::span<const std::string> keys);
+  // OK when the object is complete, NotFound otherwise. Leases and LRU order are left alone.
+  Result<std::vector<Status>> BatchExist(const std::string& client_id,
+                                         std::span<const std::string> keys);
+  // Per item: NotFound, Unavailable (leased by a reader, or being written: retry later).
+  Result<std::vector<Status>> BatchRemove(const std::string& client_id,
+                                          std::span<const std::string> keys);
+  // Removes every complete object that no reader holds a lease on.
+  Result<RemoveAllOutcome> RemoveAll(const std::string& client_id);
+
+  // ---- operators ----
+
+  std::vector<SegmentView> ListSegments(std::span<const SegmentId> ids) const;
+  // Complete objects whose key starts with `prefix`, sorted, at most `limit`.
+  std::vector<std::pair<std::string, uint64_t>> ListKeys(std::string_view prefix,
+                                                         size_t limit) const;
+  MasterStats Stats() const;
+
+  // One sweep: expire silent clients, revoke timed-out puts, release quarantined ranges, and
+  // evict down from the high watermark. The sweeper calls it; tests call it with a fake clock.
+  void RunMaintenance();
+
+  // Evicts least-recently-used objects (never leased, pinned or incomplete ones) until `bytes`
+  // are freed or nothing is evictable. Returns the bytes freed.
+  uint64_t Evict(uint64_t bytes);
+
+ private:
+  struct ClientRecord {
+    uint32_t slot = 0;
+    std::string host_id;
+    int64_t last_seen = 0;
+  };
+  struct QuarantinedRanges {
+    int64_t release_at = 0;
+    std::vector<StoredReplica> replicas;
+  };
+
+  int64_t Now() const;
+  Shard& ShardFor(std::string_view key) const;
+  Result<ClientRecord> LookupClient(const std::string& client_id);
+  Status ValidateKey(const std::string& key) const;
+  PutStartOutcome PutStartOne(const ClientRecord& client, const PutStartItem& item,
+                              const PutOptions& options);
+  // Removes the entry from the shard (and its LRU); returns the replicas to free.
+  std::vector<StoredReplica> EraseLocked(Shard& shard, const std::string& key);
+  void Quarantine(std::vector<StoredReplica> replicas);
+  // Drops replicas on `segments` everywhere; revokes the puts of `writer_slot` (if non-zero).
+  void DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot);
+  void ExpireClients(int64_t now);
+  void RevokeTimedOutPuts(int64_t now);
+  void ReleaseQuarantine(int64_t now);
+  void EvictAboveWatermark();
+  void SweeperLoop();
+
+  const MasterOptions options_;
+  const uint64_t incarnation_;
+  const size_t shard_count_;
+  std::unique_ptr<Shard[]> shards_;
+  SegmentTable segments_;
+
+  mutable std::mutex clients_mu_;
+  std::unordered_map<std::string, ClientRecord> clients_;  // guarded by clients_mu_
+  uint32_t next_client_slot_ = 1;                          // guarded by clients_mu_
+
+  std::mutex quarantine_mu_;
+  std::deque<QuarantinedRanges> quarantine_;  // guarded by quarantine_mu_
+
+  std::mutex evict_mu_;  // one evictor at a time, so two never pick the same victims
+
+  std::atomic<uint64_t> tick_{0};
+  std::atomic<uint64_t> objects_{0};
+  struct Counters {
+    std::atomic<uint64_t> puts{0}, gets{0}, get_misses{0}, removes{0}, evictions{0},
+        evicted_bytes{0}, lease_expiries{0}, put_revokes{0}, client_expiries{0};
+  };
+  mutable Counters counters_;
+
+  std::mutex sweeper_mu_;
+  std::condition_variable sweeper_cv_;
+  bool stopping_ = false;  // guarded by sweeper_mu_
+  std::thread sweeper_;
+};
+
+}  // namespace larder::master

@@ -1,0 +1,84 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace larder::master {
+
+// Hands out byte ranges of one segment. Allocate and Free are O(1): free ranges sit in
+// segregated lists (two-level size classes found through two bitmaps, as in TLSF), and every range
+// knows its physical neighbours, so a free coalesces without searching.
+//
+// Sizes and offsets are rounded to `alignment` (a power of two), so every range starts on an
+// aligned offset. A successful Allocate never returns a range that overlaps another live one.
+//
+// Not thread-safe: the segment table's mutex guards it.
+class OffsetAllocator {
+ public:
+  using Handle = uint32_t;
+  static constexpr Handle kInvalidHandle = UINT32_MAX;
+
+  struct Allocation {
+    uint64_t offset = 0;  // from the start of the segment
+    Handle handle = kInvalidHandle;
+  };
+
+  // REQUIRES: alignment is a power of two; capacity >= alignment.
+  explicit OffsetAllocator(uint64_t capacity, uint64_t alignment = 64);
+
+  // A range of at least `size` bytes, or nullopt when no free range is big enough.
+  // REQUIRES: size > 0.
+  std::optional<Allocation> Allocate(uint64_t size);
+
+  // Returns the range of `handle` to the free pool. REQUIRES: handle came from Allocate and was not
+  // freed since.
+  void Free(Handle handle);
+
+  uint64_t capacity() const { return units_total_ * alignment_; }
+  uint64_t free_bytes() const { return units_free_ * alignment_; }
+  uint64_t used_bytes() const { return capacity() - free_bytes(); }
+  size_t live_allocations() const { return live_; }
+  // Bytes held by the allocator's own bookkeeping.
+  size_t metadata_bytes() const;
+
+ private:
+  static constexpr uint32_t kSubBits = 3;
+  static constexpr uint32_t kSubLists = 1u << kSubBits;
+  static constexpr uint32_t kClasses = 64 * kSubLists;
+  static constexpr uint32_t kNone = UINT32_MAX;
+
+  struct Node {
+    uint64_t offset = 0;  // units
+    uint64_t size = 0;    // units
+    uint32_t prev_phys = kNone;
+    uint32_t next_phys = kNone;
+    uint32_t prev_free = kNone;
+    uint32_t next_free = kNone;
+    bool free = false;
+    bool in_use = false;  // node slot holds a range (free or allocated)
+  };
+
+  static uint32_t ClassOf(uint64_t units);         // class of a size, rounded down
+  static uint64_t RoundUpToClass(uint64_t units);  // smallest size whose floor class fits units
+  uint32_t NewNode();
+  void ReleaseNode(uint32_t index);
+  void InsertFree(uint32_t index);
+  void RemoveFree(uint32_t index);
+  uint32_t FindFree(uint32_t min_class) const;
+
+  uint64_t alignment_;
+  uint32_t alignment_shift_;
+  uint64_t units_total_;
+  uint64_t units_free_;
+  size_t live_ = 0;
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> spare_nodes_;
+  uint64_t top_bitmap_ = 0;      // bit f: some list in first-level class f is non-empty
+  uint8_t sub_bitmap_[64] = {};  // bit s of [f]: list f*8+s is non-empty
+  uint32_t heads_[kClasses];
+};
+
+}  // namespace larder::master

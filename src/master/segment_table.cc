@@ -1,0 +1,171 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#include "master/segment_table.h"
+
+#include <algorithm>
+
+#include "common/env.h"
+#include "master/placement.h"
+
+namespace larder::master {
+
+SegmentTable::SegmentTable(uint64_t id_base, uint64_t alignment, PlacementStrategy strategy)
+    : alignment_(alignment), strategy_(strategy), next_id_(id_base + 1) {}
+
+Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& client_id,
+                                      const std::string& host_id, const SegmentMount& mount) {
+  if (mount.name.empty()) return InvalidArgumentError("segment name is empty");
+  if (mount.size < alignment_) {
+    return InvalidArgumentError("segment '" + mount.name + "' has size " +
+                                std::to_string(mount.size) + ", below the minimum of " +
+                                std::to_string(alignment_) + " bytes");
+  }
+  if (mount.base + mount.size < mount.base) {
+    return InvalidArgumentError("segment '" + mount.name + "' wraps the address space");
+  }
+  std::lock_guard lock(mu_);
+  if (by_name_.contains(mount.name)) {
+    return AlreadyExistsError("segment '" + mount.name + "' is already mounted");
+  }
+  for (const auto& [id, segment] : segments_) {
+    if (segment->client_slot != client_slot) continue;
+    const SegmentView& other = segment->view;
+    if (mount.base < other.base + other.size && other.base < mount.base + mount.size) {
+      return AlreadyExistsError("segment '" + mount.name + "' [" + FormatHex(mount.base) + ", +" +
+                                std::to_string(mount.size) + ") overlaps mounted segment '" +
+                                other.name + "'");
+    }
+  }
+  SegmentView view;
+  view.segment_id = next_id_++;
+  view.name = mount.name;
+  view.client_id = client_id;
+  view.host_id = host_id;
+  view.base = mount.base;
+  view.size = mount.size;
+  view.descriptor = mount.descriptor;
+  SegmentId id = view.segment_id;
+  segments_.emplace(id, std::make_unique<Segment>(std::move(view), client_slot, alignment_));
+  by_name_.emplace(mount.name, id);
+  capacity_ += mount.size;
+  largest_ = std::max(largest_, mount.size);
+  return id;
+}
+
+Status SegmentTable::Unmount(SegmentId id, uint32_t client_slot) {
+  std::lock_guard lock(mu_);
+  auto it = segments_.find(id);
+  if (it == segments_.end()) return NotFoundError("segment " + std::to_string(id) + " is unknown");
+  if (it->second->client_slot != client_slot) {
+    return PermissionDeniedError("segment '" + it->second->view.name +
+                                 "' belongs to another client");
+  }
+  capacity_ -= it->second->view.size;
+  by_name_.erase(it->second->view.name);
+  segments_.erase(it);
+  largest_ = 0;
+  for (const auto& [other_id, segment] : segments_)
+    largest_ = std::max(largest_, segment->view.size);
+  return Status::Ok();
+}
+
+std::vector<SegmentId> SegmentTable::SegmentsOf(uint32_t client_slot) const {
+  std::lock_guard lock(mu_);
+  std::vector<SegmentId> ids;
+  for (const auto& [id, segment] : segments_) {
+    if (segment->client_slot == client_slot) ids.push_back(id);
+  }
+  return ids;
+}
+
+bool SegmentTable::IsMounted(SegmentId id) const {
+  std::lock_guard lock(mu_);
+  return segments_.contains(id);
+}
+
+Result<std::vector<StoredReplica>> SegmentTable::Allocate(uint64_t size, const PutOptions& options,
+                                                          uint32_t writer_slot,
+                                                          const std::string& writer_host) {
+  uint32_t replicas = std::max<uint32_t>(options.replica_num, 1);
+  std::lock_guard lock(mu_);
+  if (segments_.empty()) return ResourceExhaustedError("no segment is mounted");
+  if (size > largest_) {
+    return InvalidArgumentError("value of " + std::to_string(size) +
+                                " bytes is larger than every mounted segment (largest " +
+                                std::to_string(largest_) + " bytes)");
+  }
+  if (replicas > segments_.size()) {
+    return InvalidArgumentError(std::to_string(replicas) + " replicas requested but only " +
+                                std::to_string(segments_.size()) + " segments are mounted");
+  }
+  std::vector<Segment*> order_source;
+  std::vector<PlacementCandidate> candidates;
+  order_source.reserve(segments_.size());
+  candidates.reserve(segments_.size());
+  for (const auto& [id, segment] : segments_) {
+    order_source.push_back(segment.get());
+    candidates.push_back(PlacementCandidate{segment->view.name, segment->client_slot == writer_slot,
+                                            segment->view.host_id == writer_host,
+                                            segment->allocator.free_bytes(), segment->view.size});
+  }
+  std::vector<size_t> order =
+      OrderPlacement(candidates, size, options.preferred_segments, strategy_);
+  std::vector<StoredReplica> placed;
+  placed.reserve(replicas);
+  for (size_t index : order) {
+    Segment* segment = order_source[index];
+    auto allocation = segment->allocator.Allocate(size);
+    if (!allocation) continue;
+    placed.push_back(
+        StoredReplica{segment->view.segment_id, allocation->offset, allocation->handle});
+    if (placed.size() == replicas) return placed;
+  }
+  for (const StoredReplica& replica : placed) {
+    segments_.at(replica.segment_id)->allocator.Free(replica.handle);
+  }
+  return ResourceExhaustedError("no free range of " + std::to_string(size) + " bytes on " +
+                                std::to_string(replicas) + " distinct segments");
+}
+
+void SegmentTable::Free(std::span<const StoredReplica> replicas) {
+  std::lock_guard lock(mu_);
+  for (const StoredReplica& replica : replicas) {
+    auto it = segments_.find(replica.segment_id);
+    if (it != segments_.end()) it->second->allocator.Free(replica.handle);
+  }
+}
+
+SegmentTable::Usage SegmentTable::usage() const {
+  std::lock_guard lock(mu_);
+  Usage usage;
+  usage.capacity = capacity_;
+  usage.segments = segments_.size();
+  for (const auto& [id, segment] : segments_) usage.used += segment->allocator.used_bytes();
+  return usage;
+}
+
+SegmentView SegmentTable::ViewOf(const Segment& segment) const {
+  SegmentView view = segment.view;
+  view.used = segment.allocator.used_bytes();
+  view.objects = segment.allocator.live_allocations();
+  return view;
+}
+
+std::vector<SegmentView> SegmentTable::List(std::span<const SegmentId> ids) const {
+  std::lock_guard lock(mu_);
+  std::vector<SegmentView> views;
+  if (ids.empty()) {
+    for (const auto& [id, segment] : segments_) views.push_back(ViewOf(*segment));
+    std::sort(views.begin(), views.end(), [](const SegmentView& a, const SegmentView& b) {
+      return a.segment_id < b.segment_id;
+    });
+  } else {
+    for (SegmentId id : ids) {
+      auto it = segments_.find(id);
+      if (it != segments_.end()) views.push_back(ViewOf(*it->second));
+    }
+  }
+  return views;
+}
+
+}  // namespace larder::master

@@ -1,0 +1,85 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "larder/status.h"
+#include "master/offset_allocator.h"
+#include "master/types.h"
+
+namespace larder::master {
+
+// One replica as the master stores it: where it is and the allocator handle that frees it.
+struct StoredReplica {
+  SegmentId segment_id = 0;
+  uint64_t offset = 0;
+  OffsetAllocator::Handle handle = OffsetAllocator::kInvalidHandle;
+};
+
+// The mounted segments, their offset allocators and placement.
+// Thread-safe: one mutex guards the table and every allocator (allocation is O(1), and a batch
+// takes it once per key).
+class SegmentTable {
+ public:
+  // Segment ids start above `id_base`, so that ids of two master incarnations differ.
+  SegmentTable(uint64_t id_base, uint64_t alignment, PlacementStrategy strategy);
+
+  // Mounts a segment owned by client `client_slot`. Errors: InvalidArgument (size 0, empty
+  // name), AlreadyExists (the name is mounted, or the range overlaps one of the client's segments).
+  Result<SegmentId> Mount(uint32_t client_slot, const std::string& client_id,
+                          const std::string& host_id, const SegmentMount& mount);
+
+  // Forgets the segment; its allocations vanish with it. Errors: NotFound (unknown id),
+  // PermissionDenied (another client's segment).
+  Status Unmount(SegmentId id, uint32_t client_slot);
+
+  std::vector<SegmentId> SegmentsOf(uint32_t client_slot) const;
+  bool IsMounted(SegmentId id) const;
+
+  // Allocates `replica_num` ranges of `size` bytes on distinct segments, along OrderPlacement.
+  // All or nothing. Errors: InvalidArgument (no segment could ever hold it, or fewer segments
+  // than replicas), ResourceExhausted (not enough free space now: evicting may help).
+  Result<std::vector<StoredReplica>> Allocate(uint64_t size, const PutOptions& options,
+                                              uint32_t writer_slot, const std::string& writer_host);
+
+  // Returns the ranges. Replicas on segments unmounted since are ignored.
+  void Free(std::span<const StoredReplica> replicas);
+
+  struct Usage {
+    uint64_t used = 0;
+    uint64_t capacity = 0;
+    uint64_t segments = 0;
+  };
+  Usage usage() const;
+
+  // Segments by id (all when `ids` is empty); unknown ids are skipped.
+  std::vector<SegmentView> List(std::span<const SegmentId> ids) const;
+
+ private:
+  struct Segment {
+    SegmentView view;  // used/objects filled on demand from the allocator
+    uint32_t client_slot = 0;
+    OffsetAllocator allocator;
+    Segment(SegmentView v, uint32_t slot, uint64_t alignment)
+        : view(std::move(v)), client_slot(slot), allocator(view.size, alignment) {}
+  };
+
+  SegmentView ViewOf(const Segment& segment) const;
+
+  const uint64_t alignment_;
+  const PlacementStrategy strategy_;
+  mutable std::mutex mu_;
+  uint64_t next_id_;                                                  // guarded by mu_
+  std::unordered_map<SegmentId, std::unique_ptr<Segment>> segments_;  // guarded by mu_
+  std::unordered_map<std::string, SegmentId> by_name_;                // guarded by mu_
+  uint64_t capacity_ = 0;                                             // guarded by mu_
+  uint64_t largest_ = 0;                                              // guarded by mu_
+};
+
+}  // namespace larder::master

@@ -1,0 +1,16 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#pragma once
+
+// The gRPC service: translates proto/master.proto messages to MasterState calls and back.
+
+#include <memory>
+
+#include "master.grpc.pb.h"
+#include "master/master_state.h"
+
+namespace larder::master {
+
+std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state);
+
+}  // namespace larder::master

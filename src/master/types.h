@@ -1,0 +1,126 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#pragma once
+
+// Plain types shared by the master's parts (state, placement, service). No gRPC here: the
+// service translates these to and from proto/master.proto.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "larder/status.h"
+
+namespace larder::master {
+
+using SegmentId = uint64_t;
+using Clock = std::chrono::steady_clock;
+
+enum class PlacementStrategy {
+  kLocalHostFirst,  // segments on the writer's host first (same process first), then free ratio
+  kFreeRatio,       // the segments with the largest free fraction, wherever they are
+};
+
+// Every field has its default here and in docs/configuration.md.
+struct MasterOptions {
+  // How long a GetReplicas lease protects an object from eviction and removal.
+  std::chrono::milliseconds lease_ttl{5000};
+  // A client silent for this long is expired: its segments unmounted, its replicas dropped.
+  std::chrono::milliseconds client_ttl{10000};
+  // Eviction starts when used/capacity exceeds this ...
+  double eviction_high_watermark = 0.95;
+  // ... and frees this fraction of the capacity (least recently used first).
+  double eviction_ratio = 0.05;
+  // A put started and neither ended nor revoked after this long is revoked.
+  std::chrono::milliseconds put_timeout{30000};
+  size_t max_key_size = 4096;
+  PlacementStrategy placement = PlacementStrategy::kLocalHostFirst;
+  // Number of metadata shards (each has its own lock).
+  size_t shards = 64;
+  // Every replica starts at a multiple of this many bytes within its segment.
+  uint64_t allocation_alignment = 64;
+  // How often the background sweeper runs liveness, zombie-put and watermark checks.
+  std::chrono::milliseconds sweep_interval{100};
+  // Time source; tests substitute a fake clock.
+  std::function<Clock::time_point()> clock = [] { return Clock::now(); };
+};
+
+// A segment a client asks the master to place replicas in.
+struct SegmentMount {
+  std::string name;        // unique in the cluster
+  uint64_t base = 0;       // owner's address of byte 0; ranges of one client may not overlap
+  uint64_t size = 0;       // > 0
+  std::string descriptor;  // SegmentDescriptor JSON, handed to readers and writers as is
+};
+
+struct SegmentView {
+  SegmentId segment_id = 0;
+  std::string name;
+  std::string client_id;
+  std::string host_id;
+  uint64_t base = 0;
+  uint64_t size = 0;
+  uint64_t used = 0;
+  uint64_t objects = 0;
+  std::string descriptor;
+};
+
+struct ReplicaLocation {
+  SegmentId segment_id = 0;
+  uint64_t offset = 0;
+};
+
+struct PutOptions {
+  uint32_t replica_num = 1;
+  std::vector<std::string> preferred_segments;  // names, tried in order before the strategy
+  bool pin = false;
+};
+
+struct PutStartItem {
+  std::string key;
+  uint64_t size = 0;
+};
+
+struct PutStartOutcome {
+  Status status;
+  bool already_exists = false;  // OK and nothing to write: the key is stored or being stored
+  std::vector<ReplicaLocation> replicas;
+};
+
+struct GetOutcome {
+  Status status;
+  uint64_t size = 0;
+  std::vector<ReplicaLocation> replicas;
+  std::chrono::milliseconds lease{0};
+};
+
+struct HeartbeatOutcome {
+  bool remount_required = false;
+};
+
+struct RemoveAllOutcome {
+  uint64_t removed = 0;
+  uint64_t skipped_leased = 0;
+};
+
+struct MasterStats {
+  uint64_t objects = 0;
+  uint64_t bytes_used = 0;
+  uint64_t bytes_capacity = 0;
+  uint64_t segments = 0;
+  uint64_t clients = 0;
+  uint64_t puts = 0;
+  uint64_t gets = 0;
+  uint64_t get_misses = 0;
+  uint64_t removes = 0;
+  uint64_t evictions = 0;
+  uint64_t evicted_bytes = 0;
+  uint64_t lease_expiries = 0;
+  uint64_t put_revokes = 0;
+  uint64_t client_expiries = 0;
+  uint64_t incarnation = 0;
+};
+
+}  // namespace larder::master

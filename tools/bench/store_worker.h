@@ -1,0 +1,36 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// A store client process driven over stdin/stdout, for `larder-bench store`, the demo and the
+// multi-process tests. It mounts a segment, prints "READY <segment name>", then answers one JSON
+// command per line with one JSON reply per line, and exits (unmounting) when stdin closes.
+//
+// Commands (fields in brackets are optional):
+//   {"cmd":"put", "prefix":P, "first":F, "count":N | "keys":[...], "value_size":S, "batch":B,
+//    ["duration":seconds], ["preferred":segment], ["replicas":R], ["zero_copy":bool]}
+//     -> {"ok":n, "errors":n, "first_error":s, "seconds":t, "lat_us":[per batch], "next":i}
+//   {"cmd":"get", same key selection, "value_size":S, "batch":B, ["duration":seconds, random keys],
+//    ["zero_copy":bool]}
+//     -> {"ok":n, "errors":n, "retryable":n (Unavailable), "missing":n (NotFound), "wrong":n,
+//         "verified":n, "first_error":s, "seconds":t, "lat_us":[...]}
+//   {"cmd":"exist", "keys":[...]}   -> {"exist":[true|false|null]}
+//   {"cmd":"remove", "keys":[...]}  -> {"codes":[status code per key]}
+//   {"cmd":"route", "segment":name} -> {"route":"shm"} or {"error":...}
+// Values are self-checking (bench/values.h); every get is verified.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace larder::bench {
+
+struct StoreWorkerOptions {
+  std::string master;  // empty: LARDER_MASTER
+  std::string protocol;
+  uint64_t segment_size = 256ull << 20;
+  std::string segment_name;
+};
+
+// Runs the command loop; returns the process exit code.
+int RunStoreWorker(const StoreWorkerOptions& options);
+
+}  // namespace larder::bench

@@ -1,0 +1,108 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// larder-master: the store's metadata service (gRPC) and its HTTP endpoint. Holds no data.
+// SIGTERM or SIGINT shuts it down cleanly.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "bench/process.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "master/master_server.h"
+
+namespace {
+
+CLI::Validator Duration() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        auto parsed = larder::ParseDuration(value);
+        return parsed.ok() ? "" : parsed.status().message();
+      },
+      "DURATION", "duration (500ms, 5s, 2m)");
+}
+
+std::chrono::milliseconds ToDuration(const std::string& text) {
+  return *larder::ParseDuration(text);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  larder::bench::BlockTerminationSignals();
+  CLI::App app{
+      "larder-master: metadata service of the Larder store (object placement, leases, eviction,\n"
+      "client liveness). Clients reach it over gRPC; operators over HTTP (/metrics, /health,\n"
+      "/segments, /keys?prefix=). It holds no object bytes."};
+  larder::master::MasterServerOptions options;
+  std::string lease_ttl = "5s", client_ttl = "10s", put_timeout = "30s", placement = "local-first";
+  std::string log_level;
+  bool parent_watch = false;
+  app.add_option("--host", options.listen_host, "address to listen on")->capture_default_str();
+  app.add_option("--port", options.port, "gRPC port (0: pick a free one)")->capture_default_str();
+  app.add_option("--http-port", options.http_port, "HTTP port (0: pick a free one; -1: off)")
+      ->capture_default_str();
+  app.add_option("--lease-ttl", lease_ttl, "how long a get's lease protects an object")
+      ->check(Duration())
+      ->capture_default_str();
+  app.add_option("--client-ttl", client_ttl,
+                 "a client silent this long is expired and its segments unmounted")
+      ->check(Duration())
+      ->capture_default_str();
+  app.add_option("--eviction-high-watermark", options.master.eviction_high_watermark,
+                 "evict when used/capacity exceeds this")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--eviction-ratio", options.master.eviction_ratio,
+                 "fraction of the capacity one eviction frees")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--put-timeout", put_timeout, "a put not ended within this is revoked")
+      ->check(Duration())
+      ->capture_default_str();
+  app.add_option("--max-key-size", options.master.max_key_size, "longest key in bytes")
+      ->capture_default_str();
+  app.add_option("--placement", placement,
+                 "replica placement: local-first (writer's process, then host, then free ratio) "
+                 "or free-ratio")
+      ->check(CLI::IsMember({"local-first", "free-ratio"}))
+      ->capture_default_str();
+  app.add_option("--shards", options.master.shards, "metadata shards (one lock each)")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error (LARDER_LOG_LEVEL)");
+  app.add_flag("--parent-watch", parent_watch,
+               "also exit when stdin closes (for tools that spawn the master)")
+      ->group("");
+  CLI11_PARSE(app, argc, argv);
+  if (!log_level.empty()) larder::SetLogLevel(log_level);
+  options.master.lease_ttl = ToDuration(lease_ttl);
+  options.master.client_ttl = ToDuration(client_ttl);
+  options.master.put_timeout = ToDuration(put_timeout);
+  options.master.placement = placement == "free-ratio"
+                                 ? larder::master::PlacementStrategy::kFreeRatio
+                                 : larder::master::PlacementStrategy::kLocalHostFirst;
+
+  auto server = larder::master::MasterServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "larder-master: " << server.status() << "\n";
+    return 1;
+  }
+  std::cerr << "larder-master: gRPC on " << options.listen_host << ":" << (*server)->port()
+            << ", HTTP on " << (*server)->http_port() << "\n";
+  larder::bench::AnnounceReady((*server)->address() + " " + std::to_string((*server)->http_port()));
+  if (parent_watch) {
+    larder::bench::WaitForParentOrSignal();
+  } else {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int signal = 0;
+    sigwait(&set, &signal);
+  }
+  std::cerr << "larder-master: shutting down\n";
+  (*server)->Shutdown();
+  return 0;
+}
