@@ -15,6 +15,7 @@ export LARDER_LOG_LEVEL=${LARDER_LOG_LEVEL:-warn}
   "$bench" transfer --json --transport shm --threads 2 --block-size 4M,64M
   "$bench" transfer --json --transport tcp --block-size 4M,64M
 } | tee "$out/transfer.jsonl"
+"$bench" replay --json --requests 2000 --plot "$out/replay.svg" | tee "$out/replay.jsonl" || echo "bench: replay failed (no trace? set LARDER_TRACE)" >&2
 anchors=../shared/anchors
 if [ -d "$anchors" ]; then
   { bash "$anchors/memcpy-bandwidth.sh"; bash "$anchors/ucx-bandwidth.sh" 4096 4194304 67108864; } |

@@ -23,6 +23,11 @@ packages=(
   libcpp-httplib-dev
   zlib1g-dev
   libbrotli-dev
+  gnuplot-nox
+  pybind11-dev
+  python3-dev
+  python3-pytest
+  python3-numpy
 )
 
 missing=()

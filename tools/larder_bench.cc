@@ -5,11 +5,17 @@
 //   target    serve one segment for `transfer --target` (started automatically otherwise)
 //   registration  native registrations saved by registration coverage (emulated device)
 //   store     puts and gets through the store across client processes
+//   master    metadata-only load on the master: ops/s and bytes per object
+//   replay    a request trace through the store: prefix hit rate against exact LRU
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 
+#include "bench/master_bench.h"
 #include "bench/process.h"
 #include "bench/registration_bench.h"
+#include "bench/replay_bench.h"
+#include "bench/replay_worker.h"
 #include "bench/store_bench.h"
 #include "bench/store_worker.h"
 #include "bench/target.h"
@@ -121,6 +127,62 @@ int main(int argc, char** argv) {
               "use the copying Put/Get API instead of registered buffers (PutFrom/GetInto)");
   s->add_flag("--json", store.json, "one JSON object per line");
 
+  larder::bench::MasterBenchOptions master_bench;
+  auto* m = app.add_subcommand("master", "metadata-only load on a larder-master process");
+  m->add_option("--batch", master_bench.batch, "keys per RPC")->capture_default_str();
+  m->add_option("--threads", master_bench.threads, "concurrent callers")->capture_default_str();
+  m->add_option("--duration", master_bench.duration_s, "seconds per operation")
+      ->capture_default_str();
+  m->add_option("--objects", master_bench.objects, "objects inserted for the memory figure")
+      ->capture_default_str();
+  m->add_option("--key-size", master_bench.key_size, "bytes per key")->capture_default_str();
+  m->add_flag("--json", master_bench.json, "one JSON object");
+
+  larder::bench::ReplayOptions replay;
+  std::string replay_speed = "max";
+  bool replay_embedded = false;
+  auto* p = app.add_subcommand("replay", "a request trace through the store, against exact LRU");
+  p->add_option("--trace", replay.trace,
+                "JSONL trace (default: $LARDER_TRACE, else "
+                "../shared/traces/conversation_trace.jsonl)");
+  p->add_flag("--embedded", replay_embedded,
+              "start a master in this process (the default without --master)");
+  p->add_option("--master", replay.master, "ip:port of a running larder-master");
+  p->add_option("--clients", replay.clients, "client processes on this host")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  p->add_option("--page-size", replay.page_size, "bytes per block")
+      ->transform(ByteSize())
+      ->default_str("64K");
+  p->add_option("--capacity", replay.capacity, "pool bytes, split evenly over the clients")
+      ->transform(ByteSize())
+      ->default_str("1G");
+  p->add_option("--speed", replay_speed, "arrival-time compression factor, or max")
+      ->capture_default_str();
+  p->add_option("--protocol", replay.protocol, "store protocol of the clients")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+      ->capture_default_str();
+  p->add_option("--requests", replay.requests, "replay the first N requests (0: all)")
+      ->capture_default_str();
+  p->add_option("--inflight", replay.inflight,
+                "requests outstanding at once, at most one per client (0: --clients; 1: "
+                "sequential)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  p->add_flag("--json", replay.json, "one JSON object per run");
+  p->add_option("--plot", replay.plot,
+                "also sweep capacities and draw hit rate vs capacity into this SVG file");
+
+  larder::bench::ReplayWorkerOptions replay_worker;
+  auto* pw = app.add_subcommand("replay-worker", "a replay client driven over stdin (internal)");
+  pw->group("");
+  pw->add_option("--master", replay_worker.master, "larder-master address");
+  pw->add_option("--protocol", replay_worker.protocol, "store protocol");
+  pw->add_option("--segment-size", replay_worker.segment_size, "bytes to contribute")
+      ->transform(ByteSize(/*allow_zero=*/true));
+  pw->add_option("--segment-name", replay_worker.segment_name, "segment name");
+  pw->add_option("--page-size", replay_worker.page_size, "bytes per block")->transform(ByteSize());
+
   larder::bench::StoreWorkerOptions worker;
   auto* w = app.add_subcommand("store-worker", "a store client driven over stdin (internal)");
   w->group("");
@@ -140,6 +202,23 @@ int main(int argc, char** argv) {
     return larder::bench::RunStoreBench(store);
   }
   if (w->parsed()) return larder::bench::RunStoreWorker(worker);
+  if (p->parsed()) {
+    if (replay_embedded && !replay.master.empty()) {
+      std::cerr << "larder-bench replay: --embedded and --master exclude each other\n";
+      return 2;
+    }
+    if (replay_speed != "max") {
+      char* end = nullptr;
+      replay.speed = std::strtod(replay_speed.c_str(), &end);
+      if (end == replay_speed.c_str() || *end != '\0' || !(replay.speed > 0)) {
+        std::cerr << "larder-bench replay: --speed must be a positive number or max\n";
+        return 2;
+      }
+    }
+    return larder::bench::RunReplayBench(replay);
+  }
+  if (pw->parsed()) return larder::bench::RunReplayWorker(replay_worker);
+  if (m->parsed()) return larder::bench::RunMasterBench(master_bench);
 
   if (r->parsed()) {
     if (scattered) registration.adjacent = false;

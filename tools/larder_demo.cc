@@ -1,23 +1,39 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// larder-demo: what `make run` shows. Starts a target process on this host, then moves data to
-// and from its segment over every route (shm between the two processes, tcp forced), verifies
-// every byte, and prints the route and bandwidth of each.
+// larder-demo: what `make run` shows. By default the store demo: a master and three client
+// processes on this host putting and getting KV pages (shm, then tcp forced), every page verified.
+// `larder-demo transfer` shows the transfer engine alone between two processes.
 #include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "bench/demo.h"
 #include "bench/process.h"
+#include "bench/store_demo.h"
+#include "bench/store_worker.h"
 #include "bench/target.h"
 
 int main(int argc, char** argv) {
   larder::bench::BlockTerminationSignals();
-  CLI::App app{"larder-demo: two processes on this host moving data over shm and tcp"};
+  CLI::App app{
+      "larder-demo: a master and three processes on this host sharing KV pages through the store"};
+  larder::bench::StoreDemoOptions store;
+  app.add_option("--page-size", store.page_size, "bytes per KV page")->capture_default_str();
+  app.add_option("--pages", store.pages_per_writer, "pages each prefill process writes")
+      ->capture_default_str();
+  app.add_option("--rounds", store.rounds, "read passes (median reported)")->capture_default_str();
   larder::bench::DemoOptions options;
-  app.add_option("--size", options.transfer_bytes, "bytes moved per direction and route")
+  auto* t = app.add_subcommand("transfer", "two processes moving data over shm and tcp (no store)");
+  t->add_option("--size", options.transfer_bytes, "bytes moved per direction and route")
       ->capture_default_str();
-  app.add_option("--rounds", options.rounds, "repetitions per direction and route")
+  t->add_option("--rounds", options.rounds, "repetitions per direction and route")
       ->capture_default_str();
+  larder::bench::StoreWorkerOptions worker;
+  auto* w = app.add_subcommand("store-worker", "(internal) a demo client process");
+  w->group("");
+  w->add_option("--master", worker.master);
+  w->add_option("--protocol", worker.protocol);
+  w->add_option("--segment-size", worker.segment_size);
+  w->add_option("--segment-name", worker.segment_name);
   larder::bench::TargetOptions target;
   auto* g = app.add_subcommand("target", "(internal) the demo's target process");
   g->add_option("--listen", target.listen_address);
@@ -31,7 +47,9 @@ int main(int argc, char** argv) {
     if (!status.ok()) std::cerr << "larder-demo target: " << status << "\n";
     return status.ok() ? 0 : 1;
   }
-  auto status = larder::bench::RunDemo(options, std::cout);
+  if (w->parsed()) return larder::bench::RunStoreWorker(worker);
+  auto status = t->parsed() ? larder::bench::RunDemo(options, std::cout)
+                            : larder::bench::RunStoreDemo(store, std::cout);
   if (!status.ok()) {
     std::cerr << "larder-demo: " << status << "\n";
     return 1;

@@ -84,14 +84,13 @@ class StoreClientImpl final : public StoreClient {
     }
     heartbeat_cv_.notify_all();
     if (heartbeat_.joinable()) heartbeat_.join();
-    if (master_segment_id_ != 0) {
-      proto::UnmountSegmentsRequest request;
-      proto::UnmountSegmentsReply reply;
-      request.set_client_id(engine_->id());
-      request.add_segment_id(master_segment_id_);
-      Status status = master_.Call("UnmountSegments", &Stub::UnmountSegments, request, &reply);
-      if (!status.ok()) Log().debug("unmount at shutdown: {}", status.ToString());
-    }
+    proto::UnmountSegmentsRequest request;
+    proto::UnmountSegmentsReply reply;
+    request.set_client_id(engine_->id());
+    if (master_segment_id_ != 0) request.add_segment_id(master_segment_id_);
+    request.set_unregister_client(true);
+    Status status = master_.Call("UnmountSegments", &Stub::UnmountSegments, request, &reply);
+    if (!status.ok()) Log().debug("leaving the master: {}", status.ToString());
   }
 
   Status Init() {

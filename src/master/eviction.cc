@@ -41,9 +41,9 @@ uint64_t MasterState::Evict(uint64_t bytes) {
       std::lock_guard lock(shard.mu);
       size_t taken = 0;
       size_t walked = 0;
-      for (Object* object = shard.lru_oldest;
+      for (Object* object = shard.lru.oldest;
            object != nullptr && taken < kPerShard && walked < kMaxWalk;
-           object = object->lru_newer, ++walked) {
+           object = object->newer, ++walked) {
         if (object->lease_until > now) continue;
         candidates.push_back(Candidate{object->last_access, object->size * object->replicas.size(),
                                        s, *object->key});
@@ -61,7 +61,7 @@ uint64_t MasterState::Evict(uint64_t bytes) {
         std::lock_guard lock(shard.mu);
         auto it = shard.objects.find(candidate.key);
         // Re-check: a reader may have leased or touched it since the scan.
-        if (it == shard.objects.end() || !it->second.in_lru ||
+        if (it == shard.objects.end() || it->second.list != ObjectList::kLru ||
             it->second.last_access != candidate.tick || it->second.lease_until > Now()) {
           continue;
         }
@@ -80,7 +80,8 @@ uint64_t MasterState::Evict(uint64_t bytes) {
         Shard& shard = shards_[candidate.shard];
         std::lock_guard lock(shard.mu);
         auto it = shard.objects.find(candidate.key);
-        if (it != shard.objects.end() && it->second.in_lru && it->second.lease_until <= Now()) {
+        if (it != shard.objects.end() && it->second.list == ObjectList::kLru &&
+            it->second.lease_until <= Now()) {
           any_evictable = true;
           break;
         }

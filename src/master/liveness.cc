@@ -9,6 +9,12 @@
 
 namespace larder::master {
 
+namespace {
+int64_t ToNanos(std::chrono::milliseconds d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+}  // namespace
+
 void MasterState::RunMaintenance() {
   int64_t now = Now();
   ExpireClients(now);
@@ -59,7 +65,7 @@ void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t wri
         if (object.replicas.empty() || revoke) {
           // A dead writer may still have bytes in flight into the surviving ranges.
           quarantined.insert(quarantined.end(), object.replicas.begin(), object.replicas.end());
-          shard.LruUnlink(&object);
+          shard.Unlink(&object);
           it = shard.objects.erase(it);
           objects_.fetch_sub(1, std::memory_order_relaxed);
           ++lost;
@@ -79,18 +85,15 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
     std::vector<StoredReplica> quarantined;
     {
       std::lock_guard lock(shard.mu);
-      while (!shard.pending_puts.empty() && shard.pending_puts.front().deadline <= now) {
-        PendingPut pending = std::move(shard.pending_puts.front());
-        shard.pending_puts.pop_front();
-        auto it = shard.objects.find(pending.key);
-        if (it == shard.objects.end() || it->second.state != ObjectState::kProcessing ||
-            it->second.put_started != pending.put_started) {
-          continue;  // ended, revoked or replaced since
-        }
-        std::vector<StoredReplica> replicas = EraseLocked(shard, pending.key);
+      int64_t timeout = ToNanos(options_.put_timeout);
+      // Oldest first: stop at the first put still within its time.
+      while (shard.processing.oldest != nullptr &&
+             shard.processing.oldest->put_started + timeout <= now) {
+        std::string key = *shard.processing.oldest->key;
+        std::vector<StoredReplica> replicas = EraseLocked(shard, key);
         quarantined.insert(quarantined.end(), replicas.begin(), replicas.end());
         counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
-        Log().warn("put of key '{}' not ended within {} ms: revoked", pending.key,
+        Log().warn("put of key '{}' not ended within {} ms: revoked", key,
                    options_.put_timeout.count());
       }
     }

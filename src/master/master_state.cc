@@ -119,7 +119,8 @@ std::vector<Result<SegmentId>> MasterState::MountSegments(const std::string& cli
 }
 
 Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& client_id,
-                                                         std::span<const SegmentId> segments) {
+                                                         std::span<const SegmentId> segments,
+                                                         bool unregister) {
   LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
   std::vector<Status> results;
   std::vector<SegmentId> unmounted;
@@ -127,7 +128,17 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
     results.push_back(segments_.Unmount(id, client.slot));
     if (results.back().ok()) unmounted.push_back(id);
   }
-  if (!unmounted.empty()) DropSegments(unmounted, 0);
+  if (unregister) {
+    {
+      std::lock_guard lock(clients_mu_);
+      clients_.erase(client_id);
+    }
+    for (SegmentId id : segments_.SegmentsOf(client.slot)) {
+      if (segments_.Unmount(id, client.slot).ok()) unmounted.push_back(id);
+    }
+    Log().info("client {} left", client_id);
+  }
+  if (!unmounted.empty() || unregister) DropSegments(unmounted, unregister ? client.slot : 0);
   return results;
 }
 
@@ -148,19 +159,20 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
   std::vector<PutStartOutcome> results(items.size());
   std::unordered_set<std::string_view> seen;
   seen.reserve(items.size());
+  SegmentTable::Plan plan = segments_.MakePlan(options, client.slot, client.host_id);
   for (size_t i = 0; i < items.size(); ++i) {
     const PutStartItem& item = items[i];
     if (!seen.insert(item.key).second) {
       results[i].status = InvalidArgumentError("key '" + item.key + "' appears twice in the batch");
       continue;
     }
-    results[i] = PutStartOne(client, item, options);
+    results[i] = PutStartOne(client, item, plan, options.pin);
   }
   return results;
 }
 
 PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutStartItem& item,
-                                         const PutOptions& options) {
+                                         const SegmentTable::Plan& plan, bool pin) {
   PutStartOutcome outcome;
   if (Status status = ValidateKey(item.key); !status.ok()) {
     outcome.status = status;
@@ -192,7 +204,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
         outcome.already_exists = true;
         return outcome;
       }
-      auto placed = segments_.Allocate(item.size, options, client.slot, client.host_id);
+      auto placed = segments_.Allocate(item.size, plan);
       if (placed.ok()) {
         int64_t now = Now();
         auto [entry, inserted] = shard.objects.try_emplace(item.key);
@@ -201,10 +213,9 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
         object.size = item.size;
         object.put_started = now;
         object.writer = client.slot;
-        object.pinned = options.pin;
+        object.pinned = pin;
         object.replicas = std::move(*placed);
-        shard.pending_puts.push_back(
-            PendingPut{now + ToNanos(options_.put_timeout), now, item.key});
+        shard.Link(&object, ObjectList::kProcessing);
         objects_.fetch_add(1, std::memory_order_relaxed);
         outcome.replicas.reserve(object.replicas.size());
         for (const StoredReplica& replica : object.replicas) {
@@ -219,7 +230,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
     }
     SegmentTable::Usage usage = segments_.usage();
     uint64_t want = std::max<uint64_t>(
-        item.size * std::max<uint32_t>(options.replica_num, 1),
+        item.size * plan.replicas,
         static_cast<uint64_t>(static_cast<double>(usage.capacity) * options_.eviction_ratio));
     if (Evict(want) == 0) {
       outcome.status = ResourceExhaustedError(
@@ -254,8 +265,9 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
       continue;
     }
     object.state = ObjectState::kComplete;
+    object.lease_until = 0;
     object.last_access = ++tick_;
-    if (!object.pinned) shard.LruPushNewest(&object);
+    shard.Link(&object, object.pinned ? ObjectList::kNone : ObjectList::kLru);
     counters_.puts.fetch_add(1, std::memory_order_relaxed);
     results.push_back(Status::Ok());
   }
@@ -403,7 +415,7 @@ Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
           ++it;
           continue;
         }
-        shard.LruUnlink(&object);
+        shard.Unlink(&object);
         freed.insert(freed.end(), object.replicas.begin(), object.replicas.end());
         it = shard.objects.erase(it);
         objects_.fetch_sub(1, std::memory_order_relaxed);
@@ -419,7 +431,7 @@ Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
 std::vector<StoredReplica> MasterState::EraseLocked(Shard& shard, const std::string& key) {
   auto it = shard.objects.find(key);
   if (it == shard.objects.end()) return {};
-  shard.LruUnlink(&it->second);
+  shard.Unlink(&it->second);
   std::vector<StoredReplica> replicas = std::move(it->second.replicas);
   shard.objects.erase(it);
   objects_.fetch_sub(1, std::memory_order_relaxed);

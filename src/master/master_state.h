@@ -53,9 +53,11 @@ class MasterState {
   std::vector<Result<SegmentId>> MountSegments(const std::string& client_id,
                                                const std::string& host_id,
                                                std::span<const SegmentMount> segments);
-  // Unmounts and drops every replica placed on the segments.
+  // Unmounts and drops every replica placed on the segments. With `unregister`, the client is
+  // leaving: it is forgotten and its unfinished puts are revoked.
   Result<std::vector<Status>> UnmountSegments(const std::string& client_id,
-                                              std::span<const SegmentId> segments);
+                                              std::span<const SegmentId> segments,
+                                              bool unregister = false);
   // Marks the client alive. remount_required when the master does not know it.
   HeartbeatOutcome Heartbeat(const std::string& client_id);
 
@@ -124,7 +126,7 @@ class MasterState {
   Result<ClientRecord> LookupClient(const std::string& client_id);
   Status ValidateKey(const std::string& key) const;
   PutStartOutcome PutStartOne(const ClientRecord& client, const PutStartItem& item,
-                              const PutOptions& options);
+                              const SegmentTable::Plan& plan, bool pin);
   // Removes the entry from the shard (and its LRU); returns the replicas to free.
   std::vector<StoredReplica> EraseLocked(Shard& shard, const std::string& key);
   void Quarantine(std::vector<StoredReplica> replicas);

@@ -317,6 +317,22 @@ TEST_F(MasterStateTest, UnmountDropsObjectsAndRemoveAllSkipsLeased) {
   EXPECT_EQ(state_.Stats().objects, 0u);
 }
 
+TEST_F(MasterStateTest, LeavingClientIsForgottenWithItsSegmentsAndPuts) {
+  SegmentId a = Mount("a", "seg-a", 1 << 20);
+  Mount("b", "seg-b", 1 << 20);
+  PutOptions on_a;
+  on_a.preferred_segments = {"seg-a"};
+  ASSERT_TRUE(Put("b", "on-a", 100, on_a).ok());
+  ASSERT_TRUE(PutStart("a", "unfinished", 100).status.ok());
+  auto left = state_.UnmountSegments("a", std::span(&a, 1), /*unregister=*/true);
+  ASSERT_TRUE(left.ok());
+  MasterStats stats = state_.Stats();
+  EXPECT_EQ(stats.clients, 1u);
+  EXPECT_EQ(stats.segments, 1u);
+  EXPECT_EQ(stats.objects, 0u);
+  EXPECT_TRUE(state_.Heartbeat("a").remount_required);
+}
+
 // Threads put, get, remove and evict at once; the allocator and shards must stay consistent
 // (ASan/UBSan catch misuse) and no two live objects may share bytes.
 TEST(MasterStateConcurrencyTest, ParallelClientsKeepRangesDisjoint) {

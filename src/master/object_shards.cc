@@ -4,29 +4,33 @@
 
 namespace larder::master {
 
-void Shard::LruPushNewest(Object* object) {
-  object->lru_older = lru_newest;
-  object->lru_newer = nullptr;
-  if (lru_newest != nullptr) lru_newest->lru_newer = object;
-  lru_newest = object;
-  if (lru_oldest == nullptr) lru_oldest = object;
-  object->in_lru = true;
+void Shard::Link(Object* object, ObjectList list) {
+  Unlink(object);
+  if (list == ObjectList::kNone) return;
+  ObjectListEnds& ends = Ends(list);
+  object->older = ends.newest;
+  object->newer = nullptr;
+  if (ends.newest != nullptr) ends.newest->newer = object;
+  ends.newest = object;
+  if (ends.oldest == nullptr) ends.oldest = object;
+  object->list = list;
 }
 
-void Shard::LruUnlink(Object* object) {
-  if (!object->in_lru) return;
-  if (object->lru_newer != nullptr) {
-    object->lru_newer->lru_older = object->lru_older;
+void Shard::Unlink(Object* object) {
+  if (object->list == ObjectList::kNone) return;
+  ObjectListEnds& ends = Ends(object->list);
+  if (object->newer != nullptr) {
+    object->newer->older = object->older;
   } else {
-    lru_newest = object->lru_older;
+    ends.newest = object->older;
   }
-  if (object->lru_older != nullptr) {
-    object->lru_older->lru_newer = object->lru_newer;
+  if (object->older != nullptr) {
+    object->older->newer = object->newer;
   } else {
-    lru_oldest = object->lru_newer;
+    ends.oldest = object->newer;
   }
-  object->lru_newer = object->lru_older = nullptr;
-  object->in_lru = false;
+  object->newer = object->older = nullptr;
+  object->list = ObjectList::kNone;
 }
 
 }  // namespace larder::master

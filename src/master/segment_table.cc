@@ -83,10 +83,28 @@ bool SegmentTable::IsMounted(SegmentId id) const {
   return segments_.contains(id);
 }
 
-Result<std::vector<StoredReplica>> SegmentTable::Allocate(uint64_t size, const PutOptions& options,
-                                                          uint32_t writer_slot,
-                                                          const std::string& writer_host) {
-  uint32_t replicas = std::max<uint32_t>(options.replica_num, 1);
+SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t writer_slot,
+                                          const std::string& writer_host) const {
+  Plan plan;
+  plan.replicas = std::max<uint32_t>(options.replica_num, 1);
+  std::lock_guard lock(mu_);
+  std::vector<SegmentId> ids;
+  std::vector<PlacementCandidate> candidates;
+  ids.reserve(segments_.size());
+  candidates.reserve(segments_.size());
+  for (const auto& [id, segment] : segments_) {
+    ids.push_back(id);
+    candidates.push_back(PlacementCandidate{segment->view.name, segment->client_slot == writer_slot,
+                                            segment->view.host_id == writer_host,
+                                            segment->allocator.free_bytes(), segment->view.size});
+  }
+  for (size_t index : OrderPlacement(candidates, 0, options.preferred_segments, strategy_)) {
+    plan.order.push_back(ids[index]);
+  }
+  return plan;
+}
+
+Result<std::vector<StoredReplica>> SegmentTable::Allocate(uint64_t size, const Plan& plan) {
   std::lock_guard lock(mu_);
   if (segments_.empty()) return ResourceExhaustedError("no segment is mounted");
   if (size > largest_) {
@@ -94,37 +112,25 @@ Result<std::vector<StoredReplica>> SegmentTable::Allocate(uint64_t size, const P
                                 " bytes is larger than every mounted segment (largest " +
                                 std::to_string(largest_) + " bytes)");
   }
-  if (replicas > segments_.size()) {
-    return InvalidArgumentError(std::to_string(replicas) + " replicas requested but only " +
+  if (plan.replicas > segments_.size()) {
+    return InvalidArgumentError(std::to_string(plan.replicas) + " replicas requested but only " +
                                 std::to_string(segments_.size()) + " segments are mounted");
   }
-  std::vector<Segment*> order_source;
-  std::vector<PlacementCandidate> candidates;
-  order_source.reserve(segments_.size());
-  candidates.reserve(segments_.size());
-  for (const auto& [id, segment] : segments_) {
-    order_source.push_back(segment.get());
-    candidates.push_back(PlacementCandidate{segment->view.name, segment->client_slot == writer_slot,
-                                            segment->view.host_id == writer_host,
-                                            segment->allocator.free_bytes(), segment->view.size});
-  }
-  std::vector<size_t> order =
-      OrderPlacement(candidates, size, options.preferred_segments, strategy_);
   std::vector<StoredReplica> placed;
-  placed.reserve(replicas);
-  for (size_t index : order) {
-    Segment* segment = order_source[index];
-    auto allocation = segment->allocator.Allocate(size);
+  placed.reserve(plan.replicas);
+  for (SegmentId id : plan.order) {
+    auto it = segments_.find(id);
+    if (it == segments_.end() || it->second->view.size < size) continue;  // unmounted since
+    auto allocation = it->second->allocator.Allocate(size);
     if (!allocation) continue;
-    placed.push_back(
-        StoredReplica{segment->view.segment_id, allocation->offset, allocation->handle});
-    if (placed.size() == replicas) return placed;
+    placed.push_back(StoredReplica{id, allocation->offset, allocation->handle});
+    if (placed.size() == plan.replicas) return placed;
   }
   for (const StoredReplica& replica : placed) {
     segments_.at(replica.segment_id)->allocator.Free(replica.handle);
   }
   return ResourceExhaustedError("no free range of " + std::to_string(size) + " bytes on " +
-                                std::to_string(replicas) + " distinct segments");
+                                std::to_string(plan.replicas) + " distinct segments");
 }
 
 void SegmentTable::Free(std::span<const StoredReplica> replicas) {

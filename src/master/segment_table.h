@@ -42,11 +42,19 @@ class SegmentTable {
   std::vector<SegmentId> SegmentsOf(uint32_t client_slot) const;
   bool IsMounted(SegmentId id) const;
 
-  // Allocates `replica_num` ranges of `size` bytes on distinct segments, along OrderPlacement.
+  // The order in which segments are tried for one writer's puts (OrderPlacement over the segments
+  // mounted now). One plan serves a whole batch.
+  struct Plan {
+    std::vector<SegmentId> order;
+    uint32_t replicas = 1;
+  };
+  Plan MakePlan(const PutOptions& options, uint32_t writer_slot,
+                const std::string& writer_host) const;
+
+  // Allocates `plan.replicas` ranges of `size` bytes on distinct segments, along the plan.
   // All or nothing. Errors: InvalidArgument (no segment could ever hold it, or fewer segments
   // than replicas), ResourceExhausted (not enough free space now: evicting may help).
-  Result<std::vector<StoredReplica>> Allocate(uint64_t size, const PutOptions& options,
-                                              uint32_t writer_slot, const std::string& writer_host);
+  Result<std::vector<StoredReplica>> Allocate(uint64_t size, const Plan& plan);
 
   // Returns the ranges. Replicas on segments unmounted since are ignored.
   void Free(std::span<const StoredReplica> replicas);

@@ -76,7 +76,7 @@ class MasterService final : public proto::Master::Service {
   grpc::Status UnmountSegments(grpc::ServerContext*, const proto::UnmountSegmentsRequest* request,
                                proto::UnmountSegmentsReply* reply) override {
     std::vector<SegmentId> ids(request->segment_id().begin(), request->segment_id().end());
-    auto results = state_->UnmountSegments(request->client_id(), ids);
+    auto results = state_->UnmountSegments(request->client_id(), ids, request->unregister_client());
     if (!results.ok()) return ToGrpc(results.status());
     for (const Status& status : *results) SetStatus(reply->add_status(), status);
     return grpc::Status::OK;

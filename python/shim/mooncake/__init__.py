@@ -1,0 +1,13 @@
+# Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+"""A stand-in for the ``mooncake`` package that serves Mooncake's Python API from Larder.
+
+Put this folder's parent (``python/shim``, or ``<build>/python/shim`` after a build) before the
+real Mooncake on ``PYTHONPATH`` and ``larder`` somewhere on it too:
+
+    PYTHONPATH=build/python/shim:build/python python3 my_sglang_or_lmcache_app.py
+
+``from mooncake.store import MooncakeDistributedStore`` and ``from mooncake.engine import
+TransferEngine`` then resolve to ``larder.compat.mooncake``.
+"""
+
+IS_LARDER = True  # lets applications (and tests) tell the shim from the real Mooncake

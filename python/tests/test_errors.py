@@ -1,0 +1,114 @@
+# Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+"""The exception hierarchy and the module-level helpers."""
+
+import pytest
+
+import larder
+
+CLASSES = {
+    larder.StatusCode.CANCELLED: larder.CancelledError,
+    larder.StatusCode.UNKNOWN: larder.UnknownError,
+    larder.StatusCode.INVALID_ARGUMENT: larder.InvalidArgumentError,
+    larder.StatusCode.DEADLINE_EXCEEDED: larder.DeadlineExceededError,
+    larder.StatusCode.NOT_FOUND: larder.NotFoundError,
+    larder.StatusCode.ALREADY_EXISTS: larder.AlreadyExistsError,
+    larder.StatusCode.PERMISSION_DENIED: larder.PermissionDeniedError,
+    larder.StatusCode.RESOURCE_EXHAUSTED: larder.ResourceExhaustedError,
+    larder.StatusCode.FAILED_PRECONDITION: larder.FailedPreconditionError,
+    larder.StatusCode.ABORTED: larder.AbortedError,
+    larder.StatusCode.OUT_OF_RANGE: larder.OutOfRangeError,
+    larder.StatusCode.UNIMPLEMENTED: larder.UnimplementedError,
+    larder.StatusCode.INTERNAL: larder.InternalError,
+    larder.StatusCode.UNAVAILABLE: larder.UnavailableError,
+    larder.StatusCode.DATA_LOSS: larder.DataLossError,
+}
+
+
+@pytest.mark.parametrize("code,cls", CLASSES.items(), ids=lambda v: getattr(v, "__name__", str(v)))
+def test_one_class_per_code(code, cls):
+    assert issubclass(cls, larder.LarderError)
+    assert issubclass(cls, Exception)
+    assert cls.code == code
+    assert larder.error_for_code(code) is cls
+    assert larder.error_for_code(int(code)) is cls
+    assert cls.__module__ == "larder"
+    assert cls.__doc__
+
+
+def test_codes_compare_with_ints():
+    assert larder.StatusCode.NOT_FOUND == 5
+    assert int(larder.StatusCode.UNAVAILABLE) == 14
+    assert larder.StatusCode(3) == larder.StatusCode.INVALID_ARGUMENT
+    assert larder.TransferOp.WRITE == 1
+
+
+def test_every_code_but_ok_has_a_class():
+    assert set(CLASSES) == set(larder.StatusCode.__members__.values()) - {larder.StatusCode.OK}
+
+
+def test_builtin_bases_let_generic_handlers_catch():
+    assert issubclass(larder.InvalidArgumentError, ValueError)
+    assert issubclass(larder.OutOfRangeError, ValueError)
+    assert issubclass(larder.NotFoundError, LookupError)
+    assert issubclass(larder.DeadlineExceededError, TimeoutError)
+    assert issubclass(larder.UnimplementedError, NotImplementedError)
+
+
+def test_raised_errors_carry_code_and_message():
+    with pytest.raises(larder.InvalidArgumentError) as info:
+        larder.parse_size("twelve")
+    assert info.value.code == larder.StatusCode.INVALID_ARGUMENT
+    assert "twelve" in info.value.message
+    assert str(info.value) == info.value.message
+
+
+def test_check_returns_or_raises_first_error():
+    ok = [b"a", None, 3]
+    assert larder.check(ok) is ok
+    first = larder.NotFoundError("k1")
+    with pytest.raises(larder.NotFoundError) as info:
+        larder.check([b"a", first, larder.UnavailableError("k2")])
+    assert info.value is first
+
+
+def test_parse_size():
+    assert larder.parse_size("4gb") == 4 << 30
+    assert larder.parse_size("64KiB") == 64 << 10
+    assert larder.parse_size("4096") == 4096
+    assert larder.parse_size(12) == 12
+    with pytest.raises(larder.InvalidArgumentError):
+        larder.parse_size("4 parsecs")
+    with pytest.raises(larder.InvalidArgumentError):
+        larder.parse_size(-1)
+
+
+def test_parse_duration():
+    assert larder.parse_duration("250ms") == pytest.approx(0.25)
+    assert larder.parse_duration("2m") == pytest.approx(120)
+    assert larder.parse_duration(1.5) == pytest.approx(1.5)
+    with pytest.raises(larder.InvalidArgumentError):
+        larder.parse_duration("soon")
+    with pytest.raises(larder.InvalidArgumentError):
+        larder.parse_duration(-1)
+    with pytest.raises(TypeError):
+        larder.parse_duration(None)
+
+
+def test_protocols(monkeypatch):
+    assert larder.parse_protocol("auto") == ["local", "shm", "tcp"]
+    assert larder.parse_protocol("tcp") == ["tcp"]
+    with pytest.raises(larder.InvalidArgumentError):
+        larder.parse_protocol("rdma")
+    monkeypatch.setenv("LARDER_PROTOCOL", "tcp")
+    monkeypatch.setenv("LARDER_STORE_PROTOCOL", "shm,tcp")
+    assert larder.resolve_protocol() == "tcp"
+    assert larder.resolve_protocol(role="store") == "shm,tcp"
+    assert larder.resolve_protocol("auto", role="store") == "auto"
+    with pytest.raises(larder.InvalidArgumentError):
+        larder.resolve_protocol(role="pilot")
+
+
+def test_package_metadata():
+    assert larder.__version__
+    for name in larder.__all__:
+        assert hasattr(larder, name), name

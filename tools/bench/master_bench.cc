@@ -1,0 +1,231 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The master runs in its own process so that its resident memory can be read from /proc and
+// nothing of the load generator is counted. Objects are placed in one large segment that no
+// memory backs: the master only does arithmetic on it.
+#include "bench/master_bench.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "bench/process.h"
+#include "bench/report.h"
+#include "client/master_client.h"
+
+namespace larder::bench {
+namespace {
+
+using Stub = proto::Master::Stub;
+using SteadyClock = std::chrono::steady_clock;
+
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+std::string KeyOf(uint64_t i, size_t size) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(i));
+  std::string key = "obj/";
+  while (key.size() + 16 < size) key += '0';
+  key += hex;
+  return key.substr(0, std::max<size_t>(size, 1));
+}
+
+struct Master {
+  ChildProcess process;
+  std::unique_ptr<client::MasterClient> client;
+  std::string client_id;
+};
+
+Result<Master> StartMaster() {
+  std::string self = SelfExecutable();
+  std::string path = self.substr(0, self.rfind('/') + 1) + "larder-master";
+  Master master;
+  LARDER_ASSIGN_OR_RETURN(
+      master.process,
+      ChildProcess::Spawn({path, "--host", "127.0.0.1", "--port", "0", "--http-port", "-1",
+                           "--parent-watch", "--eviction-high-watermark", "1"},
+                          {{"LARDER_LOG_LEVEL", "warn"}}, std::chrono::seconds(30)));
+  std::string address = master.process.address().substr(0, master.process.address().find(' '));
+  master.client = std::make_unique<client::MasterClient>(address, std::chrono::seconds(60));
+  master.client_id = "master-bench/" + std::to_string(getpid());
+  proto::MountSegmentsRequest mount;
+  proto::MountSegmentsReply reply;
+  mount.set_client_id(master.client_id);
+  mount.set_host_id("bench");
+  proto::SegmentInfo* segment = mount.add_segments();
+  segment->set_name("unbacked");
+  segment->set_base(1ull << 40);
+  segment->set_size(1ull << 46);  // 64 TiB of address arithmetic
+  segment->set_descriptor_json("{}");
+  LARDER_RETURN_IF_ERROR(master.client->Call("MountSegments", &Stub::MountSegments, mount, &reply));
+  LARDER_RETURN_IF_ERROR(client::FromItemStatus(reply.status(0)));
+  return master;
+}
+
+// Puts keys [first, first + count) in batches: BatchPutStart then BatchPutEnd per batch.
+Status PutRange(const Master& master, uint64_t first, uint64_t count, size_t batch, size_t key_size,
+                std::vector<double>* latencies) {
+  proto::BatchPutStartRequest start;
+  proto::BatchKeysRequest end;
+  for (uint64_t done = 0; done < count;) {
+    start.Clear();
+    end.Clear();
+    start.set_client_id(master.client_id);
+    end.set_client_id(master.client_id);
+    for (size_t j = 0; j < batch && done < count; ++j, ++done) {
+      proto::PutItem* item = start.add_items();
+      item->set_key(KeyOf(first + done, key_size));
+      item->set_size(4096);
+      end.add_keys(item->key());
+    }
+    auto t0 = SteadyClock::now();
+    proto::BatchPutStartReply started;
+    LARDER_RETURN_IF_ERROR(
+        master.client->Call("BatchPutStart", &Stub::BatchPutStart, start, &started));
+    proto::BatchStatusReply ended;
+    LARDER_RETURN_IF_ERROR(master.client->Call("BatchPutEnd", &Stub::BatchPutEnd, end, &ended));
+    if (latencies != nullptr) {
+      latencies->push_back(
+          std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
+    }
+    for (const auto& result : started.results()) {
+      LARDER_RETURN_IF_ERROR(client::FromItemStatus(result.status()));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunMasterBench(const MasterBenchOptions& options) {
+  auto fail = [](const Status& status) {
+    std::cerr << "larder-bench master: " << status << "\n";
+    return 1;
+  };
+  nlohmann::json out = {{"bench", "master"},
+                        {"batch", options.batch},
+                        {"threads", options.threads},
+                        {"key_size", options.key_size}};
+  // 1. Throughput: each thread puts fresh keys for the duration, then gets random ones.
+  {
+    auto master = StartMaster();
+    if (!master.ok()) return fail(master.status());
+    std::atomic<uint64_t> puts{0}, gets{0};
+    std::vector<std::vector<double>> put_lat(options.threads), get_lat(options.threads);
+    std::vector<uint64_t> put_count(options.threads, 0);
+    std::vector<Status> errors(options.threads);
+    auto run = [&](auto body) {
+      std::vector<std::thread> threads;
+      for (int t = 0; t < options.threads; ++t) threads.emplace_back(body, t);
+      for (auto& thread : threads) thread.join();
+    };
+    auto t0 = SteadyClock::now();
+    run([&](int t) {
+      uint64_t base = static_cast<uint64_t>(t) << 40;
+      auto end = SteadyClock::now() + std::chrono::duration<double>(options.duration_s);
+      while (SteadyClock::now() < end && errors[t].ok()) {
+        errors[t] = PutRange(*master, base + put_count[t], options.batch, options.batch,
+                             options.key_size, &put_lat[t]);
+        put_count[t] += options.batch;
+        puts += options.batch;
+      }
+    });
+    double put_seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+    t0 = SteadyClock::now();
+    run([&](int t) {
+      std::mt19937_64 rng(static_cast<uint64_t>(t) + 1);
+      proto::BatchKeysRequest request;
+      auto end = SteadyClock::now() + std::chrono::duration<double>(options.duration_s);
+      while (SteadyClock::now() < end && errors[t].ok() && put_count[t] > 0) {
+        request.Clear();
+        request.set_client_id(master->client_id);
+        for (size_t j = 0; j < options.batch; ++j) {
+          request.add_keys(
+              KeyOf((static_cast<uint64_t>(t) << 40) + rng() % put_count[t], options.key_size));
+        }
+        proto::BatchGetReplicasReply reply;
+        auto start = SteadyClock::now();
+        errors[t] =
+            master->client->Call("BatchGetReplicas", &Stub::BatchGetReplicas, request, &reply);
+        get_lat[t].push_back(
+            std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count());
+        for (const auto& result : reply.results()) {
+          if (errors[t].ok()) errors[t] = client::FromItemStatus(result.status());
+        }
+        gets += options.batch;
+      }
+    });
+    double get_seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+    for (const Status& error : errors) {
+      if (!error.ok()) return fail(error);
+    }
+    std::vector<double> all_put, all_get;
+    for (auto& l : put_lat) all_put.insert(all_put.end(), l.begin(), l.end());
+    for (auto& l : get_lat) all_get.insert(all_get.end(), l.begin(), l.end());
+    out["put_ops_per_s"] = static_cast<double>(puts.load()) / put_seconds;
+    out["get_ops_per_s"] = static_cast<double>(gets.load()) / get_seconds;
+    out["put_batch_p50_us"] = Percentile(all_put, 50);
+    out["get_batch_p50_us"] = Percentile(all_get, 50);
+    master->process.Stop(std::chrono::seconds(10));
+  }
+  // 2. Memory: resident bytes of a fresh master before and after `objects` puts.
+  {
+    auto master = StartMaster();
+    if (!master.ok()) return fail(master.status());
+    uint64_t before = ResidentBytes(master->process.pid());
+    std::vector<std::thread> threads;
+    std::vector<Status> errors(options.threads);
+    uint64_t per_thread = options.objects / static_cast<uint64_t>(options.threads);
+    {
+      ProgressBar bar("master: inserting objects", std::chrono::seconds(20), nullptr,
+                      !options.json && isatty(STDERR_FILENO));
+      for (int t = 0; t < options.threads; ++t) {
+        threads.emplace_back([&, t] {
+          uint64_t count = t + 1 == options.threads
+                               ? options.objects - per_thread * static_cast<uint64_t>(t)
+                               : per_thread;
+          errors[t] = PutRange(*master, per_thread * static_cast<uint64_t>(t), count,
+                               std::max<size_t>(options.batch, 512), options.key_size, nullptr);
+        });
+      }
+      for (auto& thread : threads) thread.join();
+    }
+    for (const Status& error : errors) {
+      if (!error.ok()) return fail(error);
+    }
+    uint64_t after = ResidentBytes(master->process.pid());
+    out["objects"] = options.objects;
+    out["rss_before"] = before;
+    out["rss_after"] = after;
+    out["bytes_per_object"] =
+        static_cast<double>(after - before) / static_cast<double>(options.objects);
+    master->process.Stop(std::chrono::seconds(10));
+  }
+  if (options.json) {
+    std::cout << out.dump() << std::endl;
+  } else {
+    Table table({"batch", "threads", "PutStart+PutEnd obj/s", "GetReplicas obj/s", "objects",
+                 "bytes/object"});
+    table.AddRow({std::to_string(options.batch), std::to_string(options.threads),
+                  Fixed(out["put_ops_per_s"].get<double>(), 0),
+                  Fixed(out["get_ops_per_s"].get<double>(), 0), std::to_string(options.objects),
+                  Fixed(out["bytes_per_object"].get<double>(), 1)});
+    std::cout << table.ToString();
+  }
+  return 0;
+}
+
+}  // namespace larder::bench

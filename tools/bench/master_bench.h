@@ -1,0 +1,23 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// `larder-bench master`: metadata-only load on a larder-master process (no data moves).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace larder::bench {
+
+struct MasterBenchOptions {
+  size_t batch = 128;          // keys per RPC
+  int threads = 2;             // concurrent callers
+  double duration_s = 3;       // per measured operation
+  uint64_t objects = 1000000;  // objects inserted for the memory figure
+  size_t key_size = 32;
+  bool json = false;
+};
+
+// Starts larder-master (found beside larder-bench) and prints the figures. Returns the exit code.
+int RunMasterBench(const MasterBenchOptions& options);
+
+}  // namespace larder::bench

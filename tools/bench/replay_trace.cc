@@ -1,0 +1,76 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include "bench/replay_trace.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unordered_set>
+
+#include "common/env.h"
+
+namespace larder::bench {
+
+Result<std::vector<TraceRequest>> LoadTrace(const std::string& path, uint64_t max_requests) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot open trace '" + path + "'");
+  std::vector<TraceRequest> requests;
+  std::unordered_set<uint64_t> seen;
+  std::string line;
+  for (uint64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto where = [&] { return path + ":" + std::to_string(number); };
+    nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (object.is_discarded() || !object.is_object()) {
+      return InvalidArgumentError(where() + ": not a JSON object");
+    }
+    auto ids = object.find("hash_ids");
+    if (ids == object.end() || !ids->is_array()) {
+      return InvalidArgumentError(where() + ": no \"hash_ids\" array");
+    }
+    TraceRequest request;
+    if (auto timestamp = object.find("timestamp");
+        timestamp != object.end() && timestamp->is_number()) {
+      request.timestamp_ms = timestamp->get<int64_t>();
+    }
+    request.blocks.reserve(ids->size());
+    seen.clear();
+    for (const nlohmann::json& id : *ids) {
+      if (!id.is_number_unsigned()) {
+        return InvalidArgumentError(where() + ": block id " + id.dump() +
+                                    " is not a non-negative integer");
+      }
+      uint64_t block = id.get<uint64_t>();
+      // One batch put cannot carry a key twice, and a prefix chain never repeats a block.
+      if (!seen.insert(block).second) {
+        return InvalidArgumentError(where() + ": block " + std::to_string(block) +
+                                    " appears twice in one request");
+      }
+      request.blocks.push_back(block);
+    }
+    requests.push_back(std::move(request));
+  }
+  if (in.bad()) return DataLossError("error reading trace '" + path + "'");
+  std::stable_sort(
+      requests.begin(), requests.end(),
+      [](const TraceRequest& a, const TraceRequest& b) { return a.timestamp_ms < b.timestamp_ms; });
+  if (max_requests != 0 && requests.size() > max_requests) requests.resize(max_requests);
+  return requests;
+}
+
+std::string DefaultTracePath() {
+  if (std::string path = GetEnv("LARDER_TRACE"); !path.empty()) return path;
+  std::string shared = "../shared/traces/conversation_trace.jsonl";
+  std::error_code error;
+  return std::filesystem::is_regular_file(shared, error) ? shared : "";
+}
+
+std::string BlockKey(uint64_t id) { return "blk/" + std::to_string(id); }
+
+uint64_t CountBlockRefs(const std::vector<TraceRequest>& requests) {
+  uint64_t refs = 0;
+  for (const TraceRequest& request : requests) refs += request.blocks.size();
+  return refs;
+}
+
+}  // namespace larder::bench

@@ -1,0 +1,39 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Request traces for `larder-bench replay`: one JSON object per line with the arrival time in
+// milliseconds (`timestamp`) and the ids of the request's prefix blocks (`hash_ids`), as in the
+// FAST'25 Mooncake trace release. Equal ids are the same KV block; a request's blocks form a
+// prefix chain (block i is only reusable when blocks 0..i-1 are).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "larder/status.h"
+
+namespace larder::bench {
+
+struct TraceRequest {
+  int64_t timestamp_ms = 0;      // arrival, from the start of the trace
+  std::vector<uint64_t> blocks;  // prefix block ids, in order; no id twice
+};
+
+// Reads `path` and returns its first `max_requests` requests in arrival order (0: all); the sort
+// is stable, so requests that arrive together keep their file order. Other fields of
+// a line are ignored. Errors: NotFound (no such file), InvalidArgument naming the line (not JSON,
+// no `hash_ids` array of non-negative integers, a block id repeated within one request).
+Result<std::vector<TraceRequest>> LoadTrace(const std::string& path, uint64_t max_requests = 0);
+
+// The trace used when none is named: $LARDER_TRACE when set, else
+// ../shared/traces/conversation_trace.jsonl (relative to the working directory) when that file
+// exists, else "".
+std::string DefaultTracePath();
+
+// The store key of block `id`: "blk/<id>".
+std::string BlockKey(uint64_t id);
+
+// Sum of the requests' block counts.
+uint64_t CountBlockRefs(const std::vector<TraceRequest>& requests);
+
+}  // namespace larder::bench
