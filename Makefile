@@ -8,7 +8,7 @@ JOBS ?= 2
 all: build
 
 help:
-	@echo "make run          install deps, build (Release), run the two-process demo"
+	@echo "make run          install deps, build (Release), run the store demo (master + 3 processes)"
 	@echo "make test         install deps, build with ASan+UBSan in $(TEST_BUILD_DIR)/, run every test (ctest)"
 	@echo "make bench        build, run the benchmarks into bench/results/"
 	@echo "make build        Release build into $(BUILD_DIR)/ (binaries in $(BUILD_DIR)/bin)"

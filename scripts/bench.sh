@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the transfer benchmarks and the reference anchors in one session, writing JSON lines to
+# Runs the transfer, store, master and replay benchmarks and the reference anchors in one session, writing JSON lines to
 # bench/results/. usage: scripts/bench.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +15,17 @@ export LARDER_LOG_LEVEL=${LARDER_LOG_LEVEL:-warn}
   "$bench" transfer --json --transport shm --threads 2 --block-size 4M,64M
   "$bench" transfer --json --transport tcp --block-size 4M,64M
 } | tee "$out/transfer.jsonl"
+{
+  "$bench" store --json --op put,get --value-size 4K --batch 128
+  "$bench" store --json --op get --value-size 4M --batch 8
+  "$bench" store --json --op get --value-size 4M --batch 8 --protocol tcp
+  "$bench" master --json
+} | tee "$out/store.jsonl"
 "$bench" replay --json --requests 2000 --plot "$out/replay.svg" | tee "$out/replay.jsonl" || echo "bench: replay failed (no trace? set LARDER_TRACE)" >&2
 anchors=../shared/anchors
 if [ -d "$anchors" ]; then
-  { bash "$anchors/memcpy-bandwidth.sh"; bash "$anchors/ucx-bandwidth.sh" 4096 4194304 67108864; } |
+  { bash "$anchors/memcpy-bandwidth.sh"; bash "$anchors/ucx-bandwidth.sh" 4096 4194304 67108864;
+    bash "$anchors/redis-ops.sh" 4096 16; } |
     tee "$out/anchors.jsonl" || echo "bench: anchors failed (see above)" >&2
 else
   echo "bench: $anchors not found; skipping reference peers" >&2

@@ -592,6 +592,27 @@ class StoreClientImpl final : public StoreClient {
   }
 
   std::vector<Status> GetImpl(std::span<const std::string> keys, const DestinationFn& destination) {
+    std::vector<Status> results = GetOnce(keys, destination);
+    // A lease can run out while a peer's segment is opened (mapped) for the first time; the
+    // segment is cached now, so one more try usually fits in a fresh lease.
+    std::vector<std::string> again;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (results[i].code() == StatusCode::kUnavailable &&
+          results[i].message().find("lease expired") != std::string::npos) {
+        again.push_back(keys[i]);
+        where.push_back(i);
+      }
+    }
+    if (again.empty()) return results;
+    std::vector<Status> retried = GetOnce(again, [&](size_t j, uint64_t size) {
+      return destination(where[j], size);
+    });
+    for (size_t j = 0; j < again.size(); ++j) results[where[j]] = retried[j];
+    return results;
+  }
+
+  std::vector<Status> GetOnce(std::span<const std::string> keys, const DestinationFn& destination) {
     std::vector<Status> results(keys.size());
     if (keys.empty()) return results;
     proto::BatchKeysRequest request;

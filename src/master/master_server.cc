@@ -40,6 +40,9 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
   std::string address = options.listen_host + ":" + std::to_string(options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
   builder.RegisterService(impl->service.get());
+  // gRPC sets SO_REUSEPORT by default: a second master on the same port would then start and
+  // take half of the clients. Refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Batches of large keys exceed gRPC's 4 MiB default.
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);

@@ -4,6 +4,7 @@
 // (`larder-bench store-worker`), talking gRPC to the master and shm or tcp to each other.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -271,6 +272,17 @@ TEST(StoreE2ETest, ClientsRemountAfterMasterRestart) {
   EXPECT_EQ(after["verified"], 10) << after;
   json before = Send(b, {{"cmd", "exist"}, {"keys", Keys("before/", 3)}});
   EXPECT_EQ(before["exist"], json({false, false, false}));
+}
+
+TEST(StoreE2ETest, MasterShutsDownCleanlyOnSigterm) {
+  auto child = ChildProcess::Spawn(
+      {Bin("larder-master"), "--host", "127.0.0.1", "--port", "0", "--http-port", "-1"}, {},
+      seconds(20));
+  ASSERT_TRUE(child.ok()) << child.status();
+  child->Kill(SIGTERM);
+  int status = child->Stop(seconds(10));
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace
