@@ -198,7 +198,7 @@ same-host peers map (shm). Every call releases the GIL while it waits. Thread-sa
 }  // namespace
 
 void BindEngine(py::module_& module) {
-  py::enum_<TransferOp>(module, "TransferOp", py::arithmetic(), "Direction of a transfer request.")
+  py::enum_<TransferOp>(module, "TransferOp", "Direction of a transfer request.")
       .value("READ", TransferOp::kRead, "segment -> local memory")
       .value("WRITE", TransferOp::kWrite, "local memory -> segment");
 

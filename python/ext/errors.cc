@@ -67,8 +67,7 @@ PyObject* TypeFor(StatusCode code) {
 }  // namespace
 
 void RegisterErrors(py::module_& module) {
-  // Arithmetic: codes compare equal to their int values, as an IntEnum's do.
-  py::enum_<StatusCode>(module, "StatusCode", py::arithmetic(),
+  py::enum_<StatusCode>(module, "StatusCode",
                         "Canonical status codes (abseil's set); LarderError.code holds one.")
       .value("OK", StatusCode::kOk)
       .value("CANCELLED", StatusCode::kCancelled)

@@ -14,7 +14,7 @@ Seconds = Union[int, float, str]
 Size = Union[int, str]
 
 class StatusCode:
-    """Canonical status codes; members compare equal to their int values."""
+    """Canonical status codes (int(code) gives the number; StatusCode(n) the member)."""
 
     name: str
     value: int
@@ -159,7 +159,7 @@ class Store:
     def route_to(self, segment_name: str) -> str: ...
 
 class TransferOp:
-    """Direction of a transfer request; members compare equal to their int values."""
+    """Direction of a transfer request (READ = 0, WRITE = 1)."""
 
     name: str
     value: int

@@ -35,11 +35,12 @@ def test_one_class_per_code(code, cls):
     assert cls.__doc__
 
 
-def test_codes_compare_with_ints():
-    assert larder.StatusCode.NOT_FOUND == 5
+def test_codes_and_ints():
+    assert int(larder.StatusCode.NOT_FOUND) == 5
     assert int(larder.StatusCode.UNAVAILABLE) == 14
     assert larder.StatusCode(3) == larder.StatusCode.INVALID_ARGUMENT
-    assert larder.TransferOp.WRITE == 1
+    assert larder.StatusCode.NOT_FOUND.name == "NOT_FOUND"
+    assert int(larder.TransferOp.WRITE) == 1
 
 
 def test_every_code_but_ok_has_a_class():

@@ -605,9 +605,8 @@ class StoreClientImpl final : public StoreClient {
       }
     }
     if (again.empty()) return results;
-    std::vector<Status> retried = GetOnce(again, [&](size_t j, uint64_t size) {
-      return destination(where[j], size);
-    });
+    std::vector<Status> retried =
+        GetOnce(again, [&](size_t j, uint64_t size) { return destination(where[j], size); });
     for (size_t j = 0; j < again.size(); ++j) results[where[j]] = retried[j];
     return results;
   }
