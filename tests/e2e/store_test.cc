@@ -245,7 +245,12 @@ TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
   std::this_thread::sleep_for(milliseconds(2100));
   EXPECT_EQ(Put(writer, "last/", 10, 64 * 1024, "small")["ok"], 10);
   EXPECT_EQ(Get(reader, "last/", 10, 64 * 1024)["verified"], 10);
-  EXPECT_EQ(Send(reader, {{"cmd", "exist"}, {"keys", {"p/0"}}})["exist"], json({false}));
+  // The pool holds 64 values: of the first 200 keys, at most 64 can still be there (which ones
+  // depends on what the reader touched last).
+  json first = Send(reader, {{"cmd", "exist"}, {"keys", Keys("p/", 200)}});
+  int present = 0;
+  for (const json& e : first["exist"]) present += e == true ? 1 : 0;
+  EXPECT_LE(present, 64) << first;
 }
 
 // The master restarts under its clients: they reconnect and remount by themselves; objects known
