@@ -22,6 +22,7 @@
 #include "bench/process.h"
 #include "bench/replay_plot.h"
 #include "bench/report.h"
+#include "bench/store_worker.h"
 #include "common/env.h"
 #include "master/master_server.h"
 
@@ -127,11 +128,7 @@ Result<Cluster> StartCluster(const ReplayOptions& options, uint64_t segment_size
   Cluster cluster;
   cluster.master_address = options.master;
   if (cluster.master_address.empty()) {
-    master::MasterServerOptions master_options;
-    master_options.listen_host = "127.0.0.1";
-    master_options.port = 0;
-    master_options.http_port = -1;
-    LARDER_ASSIGN_OR_RETURN(cluster.master, master::MasterServer::Start(master_options));
+    LARDER_ASSIGN_OR_RETURN(cluster.master, StartEmbeddedMaster());
     cluster.master_address = cluster.master->address();
   }
   std::string program =

@@ -8,6 +8,7 @@
 
 #include "bench/process.h"
 #include "bench/replay_trace.h"
+#include "bench/store_worker.h"
 #include "bench/values.h"
 #include "larder/store_client.h"
 
@@ -190,16 +191,8 @@ int RunReplayWorker(const ReplayWorkerOptions& options) {
     std::cerr << "replay-worker: --page-size must be positive\n";
     return 2;
   }
-  auto client_options = StoreClientOptions::FromEnvironment();
-  if (!client_options.ok()) {
-    std::cerr << "replay-worker: " << client_options.status() << "\n";
-    return 2;
-  }
-  if (!options.master.empty()) client_options->master_address = options.master;
-  client_options->protocol = options.protocol;
-  client_options->global_segment_size = options.segment_size;
-  if (!options.segment_name.empty()) client_options->segment_name = options.segment_name;
-  auto client = StoreClient::Create(*client_options);
+  auto client = CreateWorkerClient(
+      {options.master, options.protocol, options.segment_size, options.segment_name});
   if (!client.ok()) {
     std::cerr << "replay-worker: " << client.status() << "\n";
     return 1;

@@ -14,6 +14,7 @@
 
 #include "bench/process.h"
 #include "bench/report.h"
+#include "bench/store_worker.h"
 #include "common/env.h"
 #include "master/master_server.h"
 
@@ -43,11 +44,7 @@ Result<Cluster> StartCluster(const StoreBenchOptions& options) {
   Cluster cluster;
   cluster.master_address = options.master;
   if (cluster.master_address.empty()) {
-    master::MasterServerOptions master_options;
-    master_options.listen_host = "127.0.0.1";
-    master_options.port = 0;
-    master_options.http_port = -1;
-    LARDER_ASSIGN_OR_RETURN(cluster.master, master::MasterServer::Start(master_options));
+    LARDER_ASSIGN_OR_RETURN(cluster.master, StartEmbeddedMaster());
     cluster.master_address = cluster.master->address();
   }
   for (int i = 0; i < options.clients; ++i) {

@@ -8,6 +8,7 @@
 
 #include "bench/process.h"
 #include "bench/report.h"
+#include "bench/store_worker.h"
 #include "common/env.h"
 #include "master/master_server.h"
 
@@ -100,11 +101,7 @@ Result<PassFigures> RunPass(const StoreDemoOptions& options, const std::string& 
 }  // namespace
 
 Status RunStoreDemo(const StoreDemoOptions& options, std::ostream& out) {
-  master::MasterServerOptions master_options;
-  master_options.listen_host = "127.0.0.1";
-  master_options.port = 0;
-  master_options.http_port = 0;
-  LARDER_ASSIGN_OR_RETURN(auto master, master::MasterServer::Start(master_options));
+  LARDER_ASSIGN_OR_RETURN(auto master, StartEmbeddedMaster(/*http_port=*/0));
   out << "larder-master on " << master->address()
       << " (metrics: http://127.0.0.1:" << master->http_port() << "/metrics)\n\n";
   out << "1. Store protocol auto (LARDER_STORE_PROTOCOL unset): same-host peers map each "

@@ -231,17 +231,25 @@ class Worker {
 
 }  // namespace
 
+Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions& options) {
+  LARDER_ASSIGN_OR_RETURN(StoreClientOptions client_options, StoreClientOptions::FromEnvironment());
+  if (!options.master.empty()) client_options.master_address = options.master;
+  client_options.protocol = options.protocol;
+  client_options.global_segment_size = options.segment_size;
+  if (!options.segment_name.empty()) client_options.segment_name = options.segment_name;
+  return StoreClient::Create(client_options);
+}
+
+Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(int http_port) {
+  master::MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = http_port;
+  return master::MasterServer::Start(options);
+}
+
 int RunStoreWorker(const StoreWorkerOptions& options) {
-  auto client_options = StoreClientOptions::FromEnvironment();
-  if (!client_options.ok()) {
-    std::cerr << "store-worker: " << client_options.status() << "\n";
-    return 2;
-  }
-  if (!options.master.empty()) client_options->master_address = options.master;
-  client_options->protocol = options.protocol;
-  client_options->global_segment_size = options.segment_size;
-  if (!options.segment_name.empty()) client_options->segment_name = options.segment_name;
-  auto client = StoreClient::Create(*client_options);
+  auto client = CreateWorkerClient(options);
   if (!client.ok()) {
     std::cerr << "store-worker: " << client.status() << "\n";
     return 1;

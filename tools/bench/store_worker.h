@@ -19,7 +19,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "larder/store_client.h"
+#include "master/master_server.h"
 
 namespace larder::bench {
 
@@ -32,5 +36,13 @@ struct StoreWorkerOptions {
 
 // Runs the command loop; returns the process exit code.
 int RunStoreWorker(const StoreWorkerOptions& options);
+
+// The store client of a worker process: StoreClientOptions::FromEnvironment() with the worker's
+// master (when given), protocol, segment size and segment name (when given).
+Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions& options);
+
+// The master a benchmark or demo starts in its own process: loopback, a free gRPC port, HTTP on
+// `http_port` (0: a free one; -1: off).
+Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(int http_port = -1);
 
 }  // namespace larder::bench
