@@ -17,6 +17,7 @@ packages=(
   clang-format
   pkg-config
   libgrpc++-dev
+  libabsl-dev
   libprotobuf-dev
   protobuf-compiler
   protobuf-compiler-grpc

@@ -27,4 +27,36 @@ Status MasterClient::FromGrpc(const char* name, const grpc::Status& status) cons
   return Status(code, std::string(name) + ": " + status.error_message());
 }
 
+std::vector<Status> ItemStatuses(
+    size_t count, const google::protobuf::RepeatedPtrField<proto::KeyError>& errors) {
+  std::vector<Status> statuses(count);
+  for (const proto::KeyError& error : errors) {
+    if (error.index() >= count || error.status().code() == 0) {
+      return std::vector<Status>(
+          count,
+          InternalError("larder-master sent a malformed reply: error for item " +
+                        std::to_string(error.index()) + " of a batch of " + std::to_string(count)));
+    }
+    statuses[error.index()] = FromItemStatus(error.status());
+  }
+  return statuses;
+}
+
+Status CheckReplicaColumns(const proto::BatchGetReplicasReply& reply, size_t count) {
+  uint64_t replicas = 0;
+  for (uint32_t n : reply.replica_count()) replicas += n;
+  if (static_cast<size_t>(reply.size_size()) != count ||
+      static_cast<size_t>(reply.replica_count_size()) != count ||
+      static_cast<uint64_t>(reply.segment_id_size()) != replicas ||
+      static_cast<uint64_t>(reply.offset_size()) != replicas) {
+    return InternalError(
+        "larder-master sent a malformed GetReplicas reply: " + std::to_string(reply.size_size()) +
+        " sizes and " + std::to_string(reply.replica_count_size()) + " replica counts for " +
+        std::to_string(count) + " keys, " + std::to_string(reply.segment_id_size()) +
+        " segments and " + std::to_string(reply.offset_size()) + " offsets for " +
+        std::to_string(replicas) + " replicas");
+  }
+  return Status::Ok();
+}
+
 }  // namespace larder::client

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "larder/status.h"
 #include "master.grpc.pb.h"
@@ -43,10 +44,22 @@ class MasterClient {
   std::unique_ptr<proto::Master::Stub> stub_;
 };
 
-// A per-item status from a reply.
+// A per-item status from a reply. A code outside the canonical set becomes Unknown.
 inline Status FromItemStatus(const proto::ItemStatus& status) {
   if (status.code() == 0) return Status::Ok();
+  if (status.code() < 0 || status.code() > 15)
+    return Status(StatusCode::kUnknown, status.message());
   return Status(static_cast<StatusCode>(status.code()), status.message());
 }
+
+// The statuses of a batch of `count` items from a reply's error list: OK for every item the list
+// does not name. A list that names an item outside the batch, or an OK error, cannot be trusted:
+// every item is then Internal.
+std::vector<Status> ItemStatuses(size_t count,
+                                 const google::protobuf::RepeatedPtrField<proto::KeyError>& errors);
+
+// OK when a GetReplicas reply has the shape of an answer to `count` keys (one size and one
+// replica count per key, one segment and one offset per replica); Internal otherwise.
+Status CheckReplicaColumns(const proto::BatchGetReplicasReply& reply, size_t count);
 
 }  // namespace larder::client

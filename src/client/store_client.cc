@@ -47,7 +47,9 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
 
 namespace {
 
+using client::CheckReplicaColumns;
 using client::FromItemStatus;
+using client::ItemStatuses;
 using client::MasterClient;
 using Stub = proto::Master::Stub;
 using SteadyClock = std::chrono::steady_clock;
@@ -68,6 +70,31 @@ int RouteRank(RouteKind route) {
 struct OpenedSegment {
   SegmentHandle handle = 0;
   int rank = 2;
+};
+
+// The segments one batch touches, by master segment id: a few, so a flat list beats a map.
+class OpenedSegments {
+ public:
+  const OpenedSegment* Find(uint64_t id) const {
+    for (const auto& [key, segment] : list_) {
+      if (key == id) return &segment;
+    }
+    return nullptr;
+  }
+  void Add(uint64_t id, OpenedSegment segment) {
+    if (Find(id) == nullptr) list_.emplace_back(id, segment);
+  }
+  void Erase(uint64_t id) {
+    std::erase_if(list_, [id](const auto& entry) { return entry.first == id; });
+  }
+  // Lower is better; segments that are not open rank last.
+  int RankOf(uint64_t id) const {
+    const OpenedSegment* segment = Find(id);
+    return segment == nullptr ? 3 : segment->rank;
+  }
+
+ private:
+  std::vector<std::pair<uint64_t, OpenedSegment>> list_;
 };
 
 class StoreClientImpl final : public StoreClient {
@@ -280,20 +307,18 @@ class StoreClientImpl final : public StoreClient {
     proto::BatchExistReply reply;
     request.mutable_keys()->Add(keys.begin(), keys.end());
     Status status = Rpc("BatchExist", &Stub::BatchExist, &request, &reply);
+    if (status.ok() && static_cast<size_t>(reply.exists_size()) != keys.size()) {
+      status = InternalError(
+          "larder-master sent a malformed Exist reply: " + std::to_string(reply.exists_size()) +
+          " answers for " + std::to_string(keys.size()) + " keys");
+    }
     std::vector<Result<bool>> results;
     results.reserve(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (!status.ok()) {
-        results.emplace_back(status);
-        continue;
-      }
-      Status item = FromItemStatus(reply.status(static_cast<int>(i)));
-      if (item.ok()) {
-        results.emplace_back(true);
-      } else if (item.code() == StatusCode::kNotFound) {
-        results.emplace_back(false);
+      if (status.ok()) {
+        results.emplace_back(reply.exists(static_cast<int>(i)));
       } else {
-        results.emplace_back(item);
+        results.emplace_back(status);
       }
     }
     return results;
@@ -304,8 +329,9 @@ class StoreClientImpl final : public StoreClient {
     proto::BatchGetReplicasReply reply;
     request.add_keys(std::string(key));
     LARDER_RETURN_IF_ERROR(Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply));
-    LARDER_RETURN_IF_ERROR(FromItemStatus(reply.results(0).status()));
-    return reply.results(0).size();
+    LARDER_RETURN_IF_ERROR(CheckReplicaColumns(reply, 1));
+    LARDER_RETURN_IF_ERROR(ItemStatuses(1, reply.errors())[0]);
+    return reply.size(0);
   }
 
   Status Remove(std::string_view key) override {
@@ -318,11 +344,8 @@ class StoreClientImpl final : public StoreClient {
     proto::BatchStatusReply reply;
     request.mutable_keys()->Add(keys.begin(), keys.end());
     Status status = Rpc("BatchRemove", &Stub::BatchRemove, &request, &reply);
-    std::vector<Status> results;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      results.push_back(status.ok() ? FromItemStatus(reply.status(static_cast<int>(i))) : status);
-    }
-    return results;
+    if (!status.ok()) return std::vector<Status>(keys.size(), status);
+    return ItemStatuses(keys.size(), reply.errors());
   }
 
   Result<uint64_t> RemoveAll() override {
@@ -338,13 +361,14 @@ class StoreClientImpl final : public StoreClient {
     LARDER_RETURN_IF_ERROR(master_.Call("ListSegments", &Stub::ListSegments, request, &reply));
     for (const proto::SegmentInfo& info : reply.segments()) {
       if (info.name() != segment_name) continue;
-      std::unordered_map<uint64_t, OpenedSegment> opened;
-      OpenSegments({info.segment_id()}, &opened);
-      auto it = opened.find(info.segment_id());
-      if (it == opened.end()) {
+      uint64_t id = info.segment_id();
+      OpenedSegments opened;
+      OpenSegments(std::span(&id, 1), &opened);
+      const OpenedSegment* segment = opened.Find(id);
+      if (segment == nullptr) {
         return UnavailableError("segment '" + info.name() + "' cannot be opened");
       }
-      return engine_->SegmentRoute(it->second.handle);
+      return engine_->SegmentRoute(segment->handle);
     }
     return NotFoundError("no segment named '" + std::string(segment_name) + "' is mounted");
   }
@@ -459,15 +483,17 @@ class StoreClientImpl final : public StoreClient {
   }
 
   // Opens (and caches) the segments; a segment that cannot be opened is left out of `opened`.
-  void OpenSegments(const std::vector<uint64_t>& ids,
-                    std::unordered_map<uint64_t, OpenedSegment>* opened) {
+  void OpenSegments(std::span<const uint64_t> ids, OpenedSegments* opened) {
     std::vector<uint64_t> missing;
     {
       std::lock_guard lock(cache_mu_);
+      uint64_t previous = 0;
       for (uint64_t id : ids) {
+        if (id == previous || opened->Find(id) != nullptr) continue;  // batches repeat ids
+        previous = id;
         auto it = cache_.find(id);
         if (it != cache_.end()) {
-          (*opened)[id] = it->second;
+          opened->Add(id, it->second);
         } else if (std::find(missing.begin(), missing.end(), id) == missing.end()) {
           missing.push_back(id);
         }
@@ -492,7 +518,7 @@ class StoreClientImpl final : public StoreClient {
       }
       auto route = engine_->SegmentRoute(*handle);
       OpenedSegment segment{*handle, RouteRank(route.ok() ? *route : RouteKind::kTcp)};
-      (*opened)[info.segment_id()] = segment;
+      opened->Add(info.segment_id(), segment);
       std::lock_guard lock(cache_mu_);
       cache_[info.segment_id()] = segment;
     }
@@ -531,7 +557,7 @@ class StoreClientImpl final : public StoreClient {
         segment_ids.push_back(replica.segment_id());
       }
     }
-    std::unordered_map<uint64_t, OpenedSegment> opened;
+    OpenedSegments opened;
     OpenSegments(segment_ids, &opened);
 
     std::vector<TransferRequest> transfers;
@@ -543,14 +569,14 @@ class StoreClientImpl final : public StoreClient {
       if (!results[i].ok() || result.already_exists()) continue;
       started[i] = true;
       for (const proto::Replica& replica : result.replicas()) {
-        auto it = opened.find(replica.segment_id());
-        if (it == opened.end()) {
+        const OpenedSegment* segment = opened.Find(replica.segment_id());
+        if (segment == nullptr) {
           results[i] = UnavailableError("key '" + keys[i] + "': segment " +
                                         std::to_string(replica.segment_id()) + " is unreachable");
           break;
         }
         transfers.push_back(TransferRequest{TransferOp::kWrite, const_cast<void*>(srcs[i]),
-                                            it->second.handle, replica.offset(), sizes[i]});
+                                            segment->handle, replica.offset(), sizes[i]});
         owner.push_back(i);
       }
     }
@@ -578,10 +604,10 @@ class StoreClientImpl final : public StoreClient {
     if (end.keys_size() > 0) {
       proto::BatchStatusReply end_reply;
       Status end_status = Rpc("BatchPutEnd", &Stub::BatchPutEnd, &end, &end_reply);
-      for (size_t j = 0; j < ended.size(); ++j) {
-        results[ended[j]] =
-            end_status.ok() ? FromItemStatus(end_reply.status(static_cast<int>(j))) : end_status;
-      }
+      std::vector<Status> end_results = end_status.ok()
+                                            ? ItemStatuses(ended.size(), end_reply.errors())
+                                            : std::vector<Status>(ended.size(), end_status);
+      for (size_t j = 0; j < ended.size(); ++j) results[ended[j]] = std::move(end_results[j]);
     }
     if (revoke.keys_size() > 0) {
       proto::BatchStatusReply revoke_reply;
@@ -612,73 +638,74 @@ class StoreClientImpl final : public StoreClient {
   }
 
   std::vector<Status> GetOnce(std::span<const std::string> keys, const DestinationFn& destination) {
-    std::vector<Status> results(keys.size());
-    if (keys.empty()) return results;
+    const size_t n = keys.size();
+    if (n == 0) return {};
     proto::BatchKeysRequest request;
     proto::BatchGetReplicasReply reply;
     request.mutable_keys()->Add(keys.begin(), keys.end());
     SteadyClock::time_point asked = SteadyClock::now();
     Status status = Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply);
-    if (!status.ok()) return std::vector<Status>(keys.size(), status);
+    if (status.ok()) status = CheckReplicaColumns(reply, n);
+    if (!status.ok()) return std::vector<Status>(n, status);
+    std::vector<Status> results = ItemStatuses(n, reply.errors());
+    const SteadyClock::time_point lease_end = asked + std::chrono::milliseconds(reply.lease_ms());
 
-    std::vector<uint64_t> segment_ids;
-    for (const proto::GetResult& result : reply.results()) {
-      for (const proto::Replica& replica : result.replicas()) {
-        segment_ids.push_back(replica.segment_id());
-      }
-    }
-    std::unordered_map<uint64_t, OpenedSegment> opened;
-    OpenSegments(segment_ids, &opened);
+    OpenedSegments opened;
+    OpenSegments(std::span(reply.segment_id().data(), reply.segment_id_size()), &opened);
 
+    // One job per key to read; its replicas are order[first, first + count), best route first.
     struct Job {
       size_t index;
       void* dst;
       uint64_t size;
-      std::vector<std::pair<uint64_t, const proto::Replica*>> replicas;  // best first
-      size_t next = 0;
+      uint32_t first;
+      uint32_t count;
+      uint32_t next = 0;
+      bool copied = false;
+      bool tried = false;
     };
     std::vector<Job> jobs;
-    SteadyClock::time_point lease_end = SteadyClock::time_point::max();
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const proto::GetResult& result = reply.results(static_cast<int>(i));
-      results[i] = FromItemStatus(result.status());
-      if (!results[i].ok()) continue;
-      lease_end = std::min(lease_end, asked + std::chrono::milliseconds(result.lease_ms()));
-      auto dst = destination(i, result.size());
-      if (!dst.ok()) {
-        results[i] = dst.status();
-        continue;
+    jobs.reserve(n);
+    std::vector<uint32_t> order(static_cast<size_t>(reply.segment_id_size()));
+    uint32_t first = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t count = reply.replica_count(static_cast<int>(i));
+      for (uint32_t r = 0; r < count; ++r) order[first + r] = first + r;
+      if (count > 1) {
+        std::stable_sort(order.begin() + first, order.begin() + first + count,
+                         [&](uint32_t a, uint32_t b) {
+                           return opened.RankOf(reply.segment_id(static_cast<int>(a))) <
+                                  opened.RankOf(reply.segment_id(static_cast<int>(b)));
+                         });
       }
-      Job job{i, *dst, result.size(), {}, 0};
-      for (const proto::Replica& replica : result.replicas()) {
-        job.replicas.emplace_back(replica.segment_id(), &replica);
+      if (results[i].ok()) {
+        auto dst = destination(i, reply.size(static_cast<int>(i)));
+        if (dst.ok()) {
+          jobs.push_back(Job{i, *dst, reply.size(static_cast<int>(i)), first, count});
+        } else {
+          results[i] = dst.status();
+        }
       }
-      std::stable_sort(job.replicas.begin(), job.replicas.end(), [&](auto& a, auto& b) {
-        auto ra = opened.find(a.first), rb = opened.find(b.first);
-        int rank_a = ra == opened.end() ? 3 : ra->second.rank;
-        int rank_b = rb == opened.end() ? 3 : rb->second.rank;
-        return rank_a < rank_b;
-      });
-      results[i] = UnavailableError("key '" + keys[i] + "': no reachable replica");
-      jobs.push_back(std::move(job));
+      first += count;
     }
     // Each round reads every pending object from its best untried replica, in one batch.
     std::vector<Job*> pending;
+    pending.reserve(jobs.size());
     for (Job& job : jobs) pending.push_back(&job);
+    std::vector<TransferRequest> transfers;
+    std::vector<Job*> sent;
     while (!pending.empty()) {
-      std::vector<TransferRequest> transfers;
-      std::vector<Job*> sent;
+      transfers.clear();
+      sent.clear();
       for (Job* job : pending) {
-        while (job->next < job->replicas.size()) {
-          auto [segment_id, replica] = job->replicas[job->next];
-          auto it = opened.find(segment_id);
-          if (it != opened.end()) {
-            transfers.push_back(TransferRequest{TransferOp::kRead, job->dst, it->second.handle,
-                                                replica->offset(), job->size});
-            sent.push_back(job);
-            break;
-          }
-          ++job->next;
+        for (; job->next < job->count; ++job->next) {
+          const int replica = static_cast<int>(order[job->first + job->next]);
+          const OpenedSegment* segment = opened.Find(reply.segment_id(replica));
+          if (segment == nullptr) continue;
+          transfers.push_back(TransferRequest{TransferOp::kRead, job->dst, segment->handle,
+                                              reply.offset(replica), job->size});
+          sent.push_back(job);
+          break;
         }
       }
       pending.clear();
@@ -686,28 +713,31 @@ class StoreClientImpl final : public StoreClient {
       auto done = engine_->TransferSync(transfers, options_.transfer_timeout);
       for (size_t j = 0; j < sent.size(); ++j) {
         Job* job = sent[j];
+        job->tried = true;
         Status transfer = done.ok() ? (*done)[j].status : done.status();
         if (transfer.ok()) {
+          job->copied = true;
           results[job->index] = Status::Ok();
           continue;
         }
-        uint64_t segment_id = job->replicas[job->next].first;
+        uint64_t segment_id = reply.segment_id(static_cast<int>(order[job->first + job->next]));
         results[job->index] = transfer.WithContext("reading key '" + keys[job->index] + "'");
         ForgetSegment(segment_id);
-        opened.erase(segment_id);
-        ++job->next;
-        if (job->next < job->replicas.size()) pending.push_back(job);
+        opened.Erase(segment_id);
+        if (++job->next < job->count) pending.push_back(job);
       }
     }
     // The lease protected the bytes only until lease_end; past it they may have been evicted
     // and reused while we copied.
-    if (SteadyClock::now() > lease_end) {
-      for (const Job& job : jobs) {
-        if (results[job.index].ok()) {
-          results[job.index] = UnavailableError("key '" + keys[job.index] +
-                                                "': the read lease expired before the copy "
-                                                "finished; retry");
-        }
+    const bool lease_expired = SteadyClock::now() > lease_end;
+    for (const Job& job : jobs) {
+      if (!job.tried) {
+        results[job.index] =
+            UnavailableError("key '" + keys[job.index] + "': no reachable replica");
+      } else if (job.copied && lease_expired) {
+        results[job.index] = UnavailableError("key '" + keys[job.index] +
+                                              "': the read lease expired before the copy "
+                                              "finished; retry");
       }
     }
     return results;

@@ -45,8 +45,8 @@ uint64_t MasterState::Evict(uint64_t bytes) {
            object != nullptr && taken < kPerShard && walked < kMaxWalk;
            object = object->newer, ++walked) {
         if (object->lease_until > now) continue;
-        candidates.push_back(Candidate{object->last_access, object->size * object->replicas.size(),
-                                       s, *object->key});
+        candidates.push_back(Candidate{object->last_access, object->size * object->replica_count, s,
+                                       std::string(object->key())});
         ++taken;
       }
     }
@@ -59,13 +59,13 @@ uint64_t MasterState::Evict(uint64_t bytes) {
       Shard& shard = shards_[candidate.shard];
       {
         std::lock_guard lock(shard.mu);
-        auto it = shard.objects.find(candidate.key);
+        Object* object = shard.Find(KeyRef(candidate.key));
         // Re-check: a reader may have leased or touched it since the scan.
-        if (it == shard.objects.end() || it->second.list != ObjectList::kLru ||
-            it->second.last_access != candidate.tick || it->second.lease_until > Now()) {
+        if (object == nullptr || object->list != ObjectList::kLru ||
+            object->last_access != candidate.tick || object->lease_until > Now()) {
           continue;
         }
-        replicas = EraseLocked(shard, candidate.key);
+        replicas = EraseLocked(shard, object);
       }
       segments_.Free(replicas);
       freed += candidate.bytes;
@@ -79,9 +79,8 @@ uint64_t MasterState::Evict(uint64_t bytes) {
       for (const Candidate& candidate : candidates) {
         Shard& shard = shards_[candidate.shard];
         std::lock_guard lock(shard.mu);
-        auto it = shard.objects.find(candidate.key);
-        if (it != shard.objects.end() && it->second.list == ObjectList::kLru &&
-            it->second.lease_until <= Now()) {
+        Object* object = shard.Find(KeyRef(candidate.key));
+        if (object != nullptr && object->list == ObjectList::kLru && object->lease_until <= Now()) {
           any_evictable = true;
           break;
         }

@@ -57,22 +57,17 @@ void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t wri
     std::vector<StoredReplica> quarantined;
     {
       std::lock_guard lock(shard.mu);
-      for (auto it = shard.objects.begin(); it != shard.objects.end();) {
-        Object& object = it->second;
-        std::erase_if(object.replicas, dropped);
-        bool revoke = writer_slot != 0 && object.writer == writer_slot &&
-                      object.state == ObjectState::kProcessing;
-        if (object.replicas.empty() || revoke) {
-          // A dead writer may still have bytes in flight into the surviving ranges.
-          quarantined.insert(quarantined.end(), object.replicas.begin(), object.replicas.end());
-          shard.Unlink(&object);
-          it = shard.objects.erase(it);
-          objects_.fetch_sub(1, std::memory_order_relaxed);
-          ++lost;
-        } else {
-          ++it;
-        }
-      }
+      size_t erased = shard.EraseIf([&](Object* object) {
+        object->EraseReplicasIf(dropped);
+        bool revoke = writer_slot != 0 && object->writer == writer_slot &&
+                      object->state == ObjectState::kProcessing;
+        if (object->replica_count > 0 && !revoke) return false;
+        // A dead writer may still have bytes in flight into the surviving ranges.
+        quarantined.insert(quarantined.end(), object->replicas().begin(), object->replicas().end());
+        return true;
+      });
+      objects_.fetch_sub(erased, std::memory_order_relaxed);
+      lost += erased;
     }
     if (!quarantined.empty()) Quarantine(std::move(quarantined));
   }
@@ -89,8 +84,8 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
       // Oldest first: stop at the first put still within its time.
       while (shard.processing.oldest != nullptr &&
              shard.processing.oldest->put_started + timeout <= now) {
-        std::string key = *shard.processing.oldest->key;
-        std::vector<StoredReplica> replicas = EraseLocked(shard, key);
+        std::string key(shard.processing.oldest->key());
+        std::vector<StoredReplica> replicas = EraseLocked(shard, shard.processing.oldest);
         quarantined.insert(quarantined.end(), replicas.begin(), replicas.end());
         counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
         Log().warn("put of key '{}' not ended within {} ms: revoked", key,

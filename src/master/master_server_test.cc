@@ -21,7 +21,7 @@ TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
   MasterState& state = (*server)->state();
   SegmentMount mount{"seg-a", 0x10000, 1 << 20, "{}"};
   ASSERT_TRUE(state.MountSegments("c", "h", std::span(&mount, 1))[0].ok());
-  for (std::string key : {"page/1", "page/2", "other"}) {
+  for (std::string_view key : {"page/1", "page/2", "other"}) {
     PutStartItem item{key, 4096};
     ASSERT_TRUE(state.BatchPutStart("c", std::span(&item, 1), {}).ok());
     ASSERT_TRUE(state.BatchPutEnd("c", std::span(&key, 1)).ok());

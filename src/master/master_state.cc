@@ -59,8 +59,10 @@ int64_t MasterState::Now() const {
       .count();
 }
 
-Shard& MasterState::ShardFor(std::string_view key) const {
-  return shards_[std::hash<std::string_view>{}(key) % shard_count_];
+// The shard comes from the hash's high half: a shard's hash set uses the low bits for its own
+// slots and fingerprints, which must not be the same few values for every key of the shard.
+Shard& MasterState::ShardFor(const KeyRef& key) const {
+  return shards_[((key.hash >> 32) * shard_count_) >> 32];
 }
 
 Result<MasterState::ClientRecord> MasterState::LookupClient(const std::string& client_id) {
@@ -75,7 +77,7 @@ Result<MasterState::ClientRecord> MasterState::LookupClient(const std::string& c
   return it->second;
 }
 
-Status MasterState::ValidateKey(const std::string& key) const {
+Status MasterState::ValidateKey(std::string_view key) const {
   if (key.empty()) return InvalidArgumentError("empty key");
   if (key.size() > options_.max_key_size) {
     return InvalidArgumentError("key of " + std::to_string(key.size()) +
@@ -163,7 +165,8 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
   for (size_t i = 0; i < items.size(); ++i) {
     const PutStartItem& item = items[i];
     if (!seen.insert(item.key).second) {
-      results[i].status = InvalidArgumentError("key '" + item.key + "' appears twice in the batch");
+      results[i].status =
+          InvalidArgumentError("key '" + std::string(item.key) + "' appears twice in the batch");
       continue;
     }
     results[i] = PutStartOne(client, item, plan, options.pin);
@@ -179,52 +182,46 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
     return outcome;
   }
   if (item.size == 0) {
-    outcome.status = InvalidArgumentError("value of key '" + item.key + "' is empty");
+    outcome.status = InvalidArgumentError("value of key '" + std::string(item.key) + "' is empty");
     return outcome;
   }
+  const KeyRef ref(item.key);
+  Shard& shard = ShardFor(ref);
   // Without space, evict and retry while eviction frees something. Each round evicts at least
   // what this object needs, and at least eviction_ratio of the pool so rounds stay rare.
   for (int round = 0;; ++round) {
     {
-      Shard& shard = ShardFor(item.key);
       std::lock_guard lock(shard.mu);
-      auto it = shard.objects.find(item.key);
-      if (it != shard.objects.end()) {
-        Object& object = it->second;
-        if (object.state == ObjectState::kProcessing && object.writer == client.slot) {
+      if (Object* object = shard.Find(ref); object != nullptr) {
+        if (object->state == ObjectState::kProcessing && object->writer == client.slot) {
           // The same client asks again (a retried call whose reply was lost): same answer.
-          for (const StoredReplica& replica : object.replicas) {
+          for (const StoredReplica& replica : object->replicas()) {
             outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
           }
           return outcome;
         }
         // Objects are immutable: the put succeeds without rewriting. A put of a stored key is a
         // reference to it, as a get is.
-        if (object.state == ObjectState::kComplete) shard.LruTouch(&object, ++tick_);
+        if (object->state == ObjectState::kComplete) shard.LruTouch(object, ++tick_);
         outcome.already_exists = true;
         return outcome;
       }
       auto placed = segments_.Allocate(item.size, plan);
       if (placed.ok()) {
-        int64_t now = Now();
-        auto [entry, inserted] = shard.objects.try_emplace(item.key);
-        Object& object = entry->second;
-        object.key = &entry->first;
-        object.size = item.size;
-        object.put_started = now;
-        object.writer = client.slot;
-        object.pinned = pin;
-        object.replicas = std::move(*placed);
-        shard.Link(&object, ObjectList::kProcessing);
+        Object* object = shard.Insert(ref, *placed);
+        object->size = item.size;
+        object->put_started = Now();
+        object->writer = client.slot;
+        object->pinned = pin;
+        shard.Link(object, ObjectList::kProcessing);
         objects_.fetch_add(1, std::memory_order_relaxed);
-        outcome.replicas.reserve(object.replicas.size());
-        for (const StoredReplica& replica : object.replicas) {
+        for (const StoredReplica& replica : object->replicas()) {
           outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
         }
         return outcome;
       }
       if (placed.status().code() != StatusCode::kResourceExhausted || round >= 64) {
-        outcome.status = placed.status().WithContext("key '" + item.key + "'");
+        outcome.status = placed.status().WithContext("key '" + std::string(item.key) + "'");
         return outcome;
       }
     }
@@ -234,7 +231,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
         static_cast<uint64_t>(static_cast<double>(usage.capacity) * options_.eviction_ratio));
     if (Evict(want) == 0) {
       outcome.status = ResourceExhaustedError(
-          "no space for key '" + item.key + "' (" + std::to_string(item.size) +
+          "no space for key '" + std::string(item.key) + "' (" + std::to_string(item.size) +
           " bytes) and nothing is evictable: every object is leased, pinned or being written");
       return outcome;
     }
@@ -242,155 +239,156 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
 }
 
 Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_id,
-                                                     std::span<const std::string> keys) {
+                                                     std::span<const std::string_view> keys) {
   LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
-  std::vector<Status> results;
-  results.reserve(keys.size());
-  for (const std::string& key : keys) {
-    Shard& shard = ShardFor(key);
+  std::vector<Status> results(keys.size());
+  uint64_t tick = tick_.fetch_add(keys.size());
+  uint64_t ended = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const KeyRef ref(keys[i]);
+    Shard& shard = ShardFor(ref);
     std::lock_guard lock(shard.mu);
-    auto it = shard.objects.find(key);
-    if (it == shard.objects.end()) {
-      results.push_back(NotFoundError("no put in progress for key '" + key +
-                                      "' (revoked, timed out, or its segments were lost)"));
+    Object* object = shard.Find(ref);
+    if (object == nullptr) {
+      results[i] = NotFoundError("no put in progress for key '" + std::string(ref.key) +
+                                 "' (revoked, timed out, or its segments were lost)");
       continue;
     }
-    Object& object = it->second;
-    if (object.writer != client.slot) {
-      results.push_back(FailedPreconditionError("key '" + key + "' is not a put of this client"));
+    if (object->writer != client.slot) {
+      results[i] =
+          FailedPreconditionError("key '" + std::string(ref.key) + "' is not a put of this client");
       continue;
     }
-    if (object.state == ObjectState::kComplete) {
-      results.push_back(Status::Ok());  // a retried PutEnd
-      continue;
-    }
-    object.state = ObjectState::kComplete;
-    object.lease_until = 0;
-    object.last_access = ++tick_;
-    shard.Link(&object, object.pinned ? ObjectList::kNone : ObjectList::kLru);
-    counters_.puts.fetch_add(1, std::memory_order_relaxed);
-    results.push_back(Status::Ok());
+    if (object->state == ObjectState::kComplete) continue;  // a retried PutEnd
+    object->state = ObjectState::kComplete;
+    object->lease_until = 0;
+    object->last_access = tick + i + 1;
+    shard.Link(object, object->pinned ? ObjectList::kNone : ObjectList::kLru);
+    ++ended;
   }
+  counters_.puts.fetch_add(ended, std::memory_order_relaxed);
   return results;
 }
 
 Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& client_id,
-                                                        std::span<const std::string> keys) {
+                                                        std::span<const std::string_view> keys) {
   LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
-  std::vector<Status> results;
-  results.reserve(keys.size());
-  for (const std::string& key : keys) {
+  std::vector<Status> results(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const KeyRef ref(keys[i]);
     std::vector<StoredReplica> freed;
     {
-      Shard& shard = ShardFor(key);
+      Shard& shard = ShardFor(ref);
       std::lock_guard lock(shard.mu);
-      auto it = shard.objects.find(key);
-      if (it == shard.objects.end()) {
-        results.push_back(NotFoundError("no put in progress for key '" + key + "'"));
+      Object* object = shard.Find(ref);
+      if (object == nullptr) {
+        results[i] = NotFoundError("no put in progress for key '" + std::string(ref.key) + "'");
         continue;
       }
-      if (it->second.state != ObjectState::kProcessing || it->second.writer != client.slot) {
-        results.push_back(FailedPreconditionError("key '" + key + "' is not a put of this client"));
+      if (object->state != ObjectState::kProcessing || object->writer != client.slot) {
+        results[i] = FailedPreconditionError("key '" + std::string(ref.key) +
+                                             "' is not a put of this client");
         continue;
       }
-      freed = EraseLocked(shard, key);
+      freed = EraseLocked(shard, object);
     }
     // The writer says it stopped writing, so the ranges can go back at once.
     segments_.Free(freed);
     counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
-    results.push_back(Status::Ok());
   }
   return results;
 }
 
-Result<std::vector<GetOutcome>> MasterState::BatchGetReplicas(const std::string& client_id,
-                                                              std::span<const std::string> keys) {
+Result<std::vector<GetOutcome>> MasterState::BatchGetReplicas(
+    const std::string& client_id, std::span<const std::string_view> keys) {
   LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
   std::vector<GetOutcome> results(keys.size());
   int64_t now = Now();
   int64_t lease_until = now + ToNanos(options_.lease_ttl);
+  // One tick range and one update of each shared counter per batch, not per key: these atomics
+  // are shared by every RPC thread.
+  uint64_t tick = tick_.fetch_add(keys.size());
+  uint64_t hits = 0, misses = 0, expiries = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    const std::string& key = keys[i];
+    const KeyRef ref(keys[i]);
     GetOutcome& outcome = results[i];
-    Shard& shard = ShardFor(key);
+    Shard& shard = ShardFor(ref);
     std::lock_guard lock(shard.mu);
-    auto it = shard.objects.find(key);
-    if (it == shard.objects.end()) {
-      outcome.status = NotFoundError("key '" + key + "' not found");
-      counters_.get_misses.fetch_add(1, std::memory_order_relaxed);
+    Object* object = shard.Find(ref);
+    if (object == nullptr) {
+      outcome.status = NotFoundError("key '" + std::string(ref.key) + "' not found");
+      ++misses;
       continue;
     }
-    Object& object = it->second;
-    if (object.state != ObjectState::kComplete) {
-      outcome.status = UnavailableError("key '" + key + "' is still being written");
-      counters_.get_misses.fetch_add(1, std::memory_order_relaxed);
+    if (object->state != ObjectState::kComplete) {
+      outcome.status =
+          UnavailableError("key '" + std::string(ref.key) + "' is still being written");
+      ++misses;
       continue;
     }
-    if (object.lease_until != 0 && object.lease_until < now) {
-      counters_.lease_expiries.fetch_add(1, std::memory_order_relaxed);
-    }
-    object.lease_until = lease_until;
-    shard.LruTouch(&object, ++tick_);
-    outcome.size = object.size;
+    if (object->lease_until != 0 && object->lease_until < now) ++expiries;
+    object->lease_until = lease_until;
+    shard.LruTouch(object, tick + i + 1);
+    outcome.size = object->size;
     outcome.lease = options_.lease_ttl;
-    outcome.replicas.reserve(object.replicas.size());
-    for (const StoredReplica& replica : object.replicas) {
+    for (const StoredReplica& replica : object->replicas()) {
       outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
     }
-    counters_.gets.fetch_add(1, std::memory_order_relaxed);
+    ++hits;
   }
+  counters_.gets.fetch_add(hits, std::memory_order_relaxed);
+  counters_.get_misses.fetch_add(misses, std::memory_order_relaxed);
+  counters_.lease_expiries.fetch_add(expiries, std::memory_order_relaxed);
   return results;
 }
 
 Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id,
-                                                    std::span<const std::string> keys) {
+                                                    std::span<const std::string_view> keys) {
   LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
-  std::vector<Status> results;
-  results.reserve(keys.size());
-  for (const std::string& key : keys) {
-    Shard& shard = ShardFor(key);
+  std::vector<Status> results(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const KeyRef ref(keys[i]);
+    Shard& shard = ShardFor(ref);
     std::lock_guard lock(shard.mu);
-    auto it = shard.objects.find(key);
-    if (it != shard.objects.end() && it->second.state == ObjectState::kComplete) {
-      results.push_back(Status::Ok());
-    } else {
-      results.push_back(NotFoundError("key '" + key + "' not found"));
+    Object* object = shard.Find(ref);
+    if (object == nullptr || object->state != ObjectState::kComplete) {
+      results[i] = NotFoundError("key '" + std::string(ref.key) + "' not found");
     }
   }
   return results;
 }
 
 Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_id,
-                                                     std::span<const std::string> keys) {
+                                                     std::span<const std::string_view> keys) {
   LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
-  std::vector<Status> results;
-  results.reserve(keys.size());
+  std::vector<Status> results(keys.size());
   int64_t now = Now();
-  for (const std::string& key : keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const KeyRef ref(keys[i]);
     std::vector<StoredReplica> freed;
     {
-      Shard& shard = ShardFor(key);
+      Shard& shard = ShardFor(ref);
       std::lock_guard lock(shard.mu);
-      auto it = shard.objects.find(key);
-      if (it == shard.objects.end()) {
-        results.push_back(NotFoundError("key '" + key + "' not found"));
+      Object* object = shard.Find(ref);
+      if (object == nullptr) {
+        results[i] = NotFoundError("key '" + std::string(ref.key) + "' not found");
         continue;
       }
-      if (it->second.state != ObjectState::kComplete) {
-        results.push_back(UnavailableError("key '" + key + "' is being written; retry later"));
+      if (object->state != ObjectState::kComplete) {
+        results[i] =
+            UnavailableError("key '" + std::string(ref.key) + "' is being written; retry later");
         continue;
       }
-      if (it->second.lease_until > now) {
-        results.push_back(UnavailableError(
-            "key '" + key + "' is leased to a reader for another " +
-            std::to_string((it->second.lease_until - now) / 1000000 + 1) + " ms; retry later"));
+      if (object->lease_until > now) {
+        results[i] = UnavailableError(
+            "key '" + std::string(ref.key) + "' is leased to a reader for another " +
+            std::to_string((object->lease_until - now) / 1000000 + 1) + " ms; retry later");
         continue;
       }
-      freed = EraseLocked(shard, key);
+      freed = EraseLocked(shard, object);
     }
     segments_.Free(freed);
     counters_.removes.fetch_add(1, std::memory_order_relaxed);
-    results.push_back(Status::Ok());
   }
   return results;
 }
@@ -404,23 +402,17 @@ Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
     std::vector<StoredReplica> freed;
     {
       std::lock_guard lock(shard.mu);
-      for (auto it = shard.objects.begin(); it != shard.objects.end();) {
-        Object& object = it->second;
-        if (object.state != ObjectState::kComplete) {
-          ++it;
-          continue;
-        }
-        if (object.lease_until > now) {
+      size_t removed = shard.EraseIf([&](const Object* object) {
+        if (object->state != ObjectState::kComplete) return false;
+        if (object->lease_until > now) {
           ++outcome.skipped_leased;
-          ++it;
-          continue;
+          return false;
         }
-        shard.Unlink(&object);
-        freed.insert(freed.end(), object.replicas.begin(), object.replicas.end());
-        it = shard.objects.erase(it);
-        objects_.fetch_sub(1, std::memory_order_relaxed);
-        ++outcome.removed;
-      }
+        freed.insert(freed.end(), object->replicas().begin(), object->replicas().end());
+        return true;
+      });
+      objects_.fetch_sub(removed, std::memory_order_relaxed);
+      outcome.removed += removed;
     }
     segments_.Free(freed);
   }
@@ -428,14 +420,12 @@ Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
   return outcome;
 }
 
-std::vector<StoredReplica> MasterState::EraseLocked(Shard& shard, const std::string& key) {
-  auto it = shard.objects.find(key);
-  if (it == shard.objects.end()) return {};
-  shard.Unlink(&it->second);
-  std::vector<StoredReplica> replicas = std::move(it->second.replicas);
-  shard.objects.erase(it);
+std::vector<StoredReplica> MasterState::EraseLocked(Shard& shard, Object* object) {
+  std::span<const StoredReplica> replicas = object->replicas();
+  std::vector<StoredReplica> freed(replicas.begin(), replicas.end());
+  shard.Erase(object);
   objects_.fetch_sub(1, std::memory_order_relaxed);
-  return replicas;
+  return freed;
 }
 
 // ---- operators ----
@@ -450,9 +440,9 @@ std::vector<std::pair<std::string, uint64_t>> MasterState::ListKeys(std::string_
   for (size_t s = 0; s < shard_count_; ++s) {
     Shard& shard = shards_[s];
     std::lock_guard lock(shard.mu);
-    for (const auto& [key, object] : shard.objects) {
-      if (object.state == ObjectState::kComplete && key.starts_with(prefix)) {
-        keys.emplace_back(key, object.size);
+    for (const Object* object : shard.objects) {
+      if (object->state == ObjectState::kComplete && object->key().starts_with(prefix)) {
+        keys.emplace_back(std::string(object->key()), object->size);
       }
     }
   }

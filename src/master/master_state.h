@@ -9,6 +9,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -76,21 +77,21 @@ class MasterState {
   // NotFound (no such put: revoked, timed out, or its every replica was lost),
   // FailedPrecondition (another client's put).
   Result<std::vector<Status>> BatchPutEnd(const std::string& client_id,
-                                          std::span<const std::string> keys);
+                                          std::span<const std::string_view> keys);
   // Abandons puts of this client and frees their space (after a grace period, since a writer may
   // still be copying). Per item: NotFound, FailedPrecondition as for PutEnd.
   Result<std::vector<Status>> BatchPutRevoke(const std::string& client_id,
-                                             std::span<const std::string> keys);
+                                             std::span<const std::string_view> keys);
   // Replicas of complete objects, each granted a lease of options.lease_ttl. Per item: NotFound
   // (unknown key), Unavailable (still being written).
   Result<std::vector<GetOutcome>> BatchGetReplicas(const std::string& client_id,
-                                                   std::span<const std::string> keys);
+                                                   std::span<const std::string_view> keys);
   // OK when the object is complete, NotFound otherwise. Leases and LRU order are left alone.
   Result<std::vector<Status>> BatchExist(const std::string& client_id,
-                                         std::span<const std::string> keys);
+                                         std::span<const std::string_view> keys);
   // Per item: NotFound, Unavailable (leased by a reader, or being written: retry later).
   Result<std::vector<Status>> BatchRemove(const std::string& client_id,
-                                          std::span<const std::string> keys);
+                                          std::span<const std::string_view> keys);
   // Removes every complete object that no reader holds a lease on.
   Result<RemoveAllOutcome> RemoveAll(const std::string& client_id);
 
@@ -122,13 +123,13 @@ class MasterState {
   };
 
   int64_t Now() const;
-  Shard& ShardFor(std::string_view key) const;
+  Shard& ShardFor(const KeyRef& key) const;
   Result<ClientRecord> LookupClient(const std::string& client_id);
-  Status ValidateKey(const std::string& key) const;
+  Status ValidateKey(std::string_view key) const;
   PutStartOutcome PutStartOne(const ClientRecord& client, const PutStartItem& item,
                               const SegmentTable::Plan& plan, bool pin);
-  // Removes the entry from the shard (and its LRU); returns the replicas to free.
-  std::vector<StoredReplica> EraseLocked(Shard& shard, const std::string& key);
+  // Removes the object from the shard (and its list); returns the replicas to free.
+  std::vector<StoredReplica> EraseLocked(Shard& shard, Object* object);
   void Quarantine(std::vector<StoredReplica> replicas);
   // Drops replicas on `segments` everywhere; revokes the puts of `writer_slot` (if non-zero).
   void DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot);

@@ -54,7 +54,7 @@ class MasterStateTest : public ::testing::Test {
     if (!results.ok()) return results.status();
     return results->at(0);
   }
-  Status PutEnd(const std::string& client, const std::string& key) {
+  Status PutEnd(const std::string& client, std::string_view key) {
     return One(state_.BatchPutEnd(client, std::span(&key, 1)));
   }
   Status Put(const std::string& client, const std::string& key, uint64_t size,
@@ -63,7 +63,7 @@ class MasterStateTest : public ::testing::Test {
     if (!start.status.ok() || start.already_exists) return start.status;
     return PutEnd(client, key);
   }
-  GetOutcome Get(const std::string& client, const std::string& key) {
+  GetOutcome Get(const std::string& client, std::string_view key) {
     auto results = state_.BatchGetReplicas(client, std::span(&key, 1));
     if (!results.ok()) {
       GetOutcome failed;
@@ -72,10 +72,10 @@ class MasterStateTest : public ::testing::Test {
     }
     return (*results)[0];
   }
-  Status Exist(const std::string& client, const std::string& key) {
+  Status Exist(const std::string& client, std::string_view key) {
     return One(state_.BatchExist(client, std::span(&key, 1)));
   }
-  Status Remove(const std::string& client, const std::string& key) {
+  Status Remove(const std::string& client, std::string_view key) {
     return One(state_.BatchRemove(client, std::span(&key, 1)));
   }
 
@@ -294,7 +294,7 @@ TEST_F(MasterStateTest, AbandonedPutIsRevokedAndItsSpaceReclaimedAfterGrace) {
 TEST_F(MasterStateTest, RevokeByTheWriterFreesAtOnce) {
   Mount("a", "seg-a", 1 << 20);
   ASSERT_TRUE(PutStart("a", "k", 8192).status.ok());
-  std::string key = "k";
+  std::string_view key = "k";
   EXPECT_TRUE(One(state_.BatchPutRevoke("a", std::span(&key, 1))).ok());
   EXPECT_EQ(state_.Stats().bytes_used, 0u);
 }
@@ -345,7 +345,8 @@ TEST(MasterStateConcurrencyTest, ParallelClientsKeepRangesDisjoint) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&state, t] {
       for (int i = 0; i < 2000; ++i) {
-        std::string key = "t" + std::to_string(t) + "/" + std::to_string(i % 300);
+        std::string name = "t" + std::to_string(t) + "/" + std::to_string(i % 300);
+        std::string_view key = name;
         PutStartItem item{key, 4096};
         auto start = state.BatchPutStart("c", std::span(&item, 1), {});
         if (start.ok() && (*start)[0].status.ok() && !(*start)[0].already_exists) {
@@ -359,7 +360,7 @@ TEST(MasterStateConcurrencyTest, ParallelClientsKeepRangesDisjoint) {
   for (auto& thread : threads) thread.join();
   std::set<uint64_t> offsets;
   auto keys = state.ListKeys("", 1 << 20);
-  std::vector<std::string> names;
+  std::vector<std::string_view> names;
   for (auto& [key, size] : keys) names.push_back(key);
   auto got = state.BatchGetReplicas("c", names);
   ASSERT_TRUE(got.ok());

@@ -2,7 +2,41 @@
 //
 #include "master/object_shards.h"
 
+#include <new>
+
 namespace larder::master {
+
+Object* Object::Create(std::string_view key, std::span<const StoredReplica> replicas) {
+  size_t bytes = sizeof(Object) + replicas.size() * sizeof(StoredReplica) + key.size();
+  Object* object = new (::operator new(bytes)) Object();
+  object->key_size = static_cast<uint32_t>(key.size());
+  object->replica_count = static_cast<uint16_t>(replicas.size());
+  StoredReplica* array = object->replica_array();
+  for (size_t i = 0; i < replicas.size(); ++i) new (array + i) StoredReplica(replicas[i]);
+  std::memcpy(array + replicas.size(), key.data(), key.size());
+  return object;
+}
+
+void Object::Destroy(Object* object) {
+  object->~Object();
+  ::operator delete(object);
+}
+
+Shard::~Shard() {
+  for (Object* object : objects) Object::Destroy(object);
+}
+
+Object* Shard::Insert(const KeyRef& ref, std::span<const StoredReplica> replicas) {
+  Object* object = Object::Create(ref.key, replicas);
+  objects.insert(object);
+  return object;
+}
+
+void Shard::Erase(Object* object) {
+  Unlink(object);
+  objects.erase(object);
+  Object::Destroy(object);
+}
 
 void Shard::Link(Object* object, ObjectList list) {
   Unlink(object);

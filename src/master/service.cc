@@ -16,7 +16,7 @@ grpc::Status ToGrpc(const Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
 }
 
-void FillReplicas(const std::vector<ReplicaLocation>& replicas,
+void FillReplicas(const ReplicaLocations& replicas,
                   google::protobuf::RepeatedPtrField<proto::Replica>* out) {
   out->Reserve(static_cast<int>(replicas.size()));
   for (const ReplicaLocation& replica : replicas) {
@@ -38,15 +38,26 @@ void FillSegment(const SegmentView& view, proto::SegmentInfo* out) {
   out->set_descriptor_json(view.descriptor);
 }
 
-std::vector<std::string> Keys(const proto::BatchKeysRequest& request) {
+// Views of the request's keys, valid while the request is.
+std::vector<std::string_view> Keys(const proto::BatchKeysRequest& request) {
   return {request.keys().begin(), request.keys().end()};
+}
+
+void AddError(uint32_t index, const Status& status,
+              google::protobuf::RepeatedPtrField<proto::KeyError>* errors) {
+  proto::KeyError* error = errors->Add();
+  error->set_index(index);
+  SetStatus(error->mutable_status(), status);
 }
 
 grpc::Status StatusList(const Result<std::vector<Status>>& results,
                         proto::BatchStatusReply* reply) {
   if (!results.ok()) return ToGrpc(results.status());
-  reply->mutable_status()->Reserve(static_cast<int>(results->size()));
-  for (const Status& status : *results) SetStatus(reply->add_status(), status);
+  for (size_t i = 0; i < results->size(); ++i) {
+    if (!(*results)[i].ok()) {
+      AddError(static_cast<uint32_t>(i), (*results)[i], reply->mutable_errors());
+    }
+  }
   return grpc::Status::OK;
 }
 
@@ -129,13 +140,22 @@ class MasterService final : public proto::Master::Service {
                                 proto::BatchGetReplicasReply* reply) override {
     auto results = state_->BatchGetReplicas(request->client_id(), Keys(*request));
     if (!results.ok()) return ToGrpc(results.status());
-    reply->mutable_results()->Reserve(static_cast<int>(results->size()));
-    for (const GetOutcome& outcome : *results) {
-      proto::GetResult* out = reply->add_results();
-      SetStatus(out->mutable_status(), outcome.status);
-      out->set_size(outcome.size);
-      out->set_lease_ms(static_cast<uint64_t>(outcome.lease.count()));
-      FillReplicas(outcome.replicas, out->mutable_replicas());
+    const int n = static_cast<int>(results->size());
+    reply->mutable_size()->Reserve(n);
+    reply->mutable_replica_count()->Reserve(n);
+    reply->mutable_segment_id()->Reserve(n);
+    reply->mutable_offset()->Reserve(n);
+    reply->set_lease_ms(static_cast<uint64_t>(state_->options().lease_ttl.count()));
+    for (int i = 0; i < n; ++i) {
+      const GetOutcome& outcome = (*results)[static_cast<size_t>(i)];
+      if (!outcome.status.ok())
+        AddError(static_cast<uint32_t>(i), outcome.status, reply->mutable_errors());
+      reply->add_size(outcome.size);
+      reply->add_replica_count(static_cast<uint32_t>(outcome.replicas.size()));
+      for (const ReplicaLocation& replica : outcome.replicas) {
+        reply->add_segment_id(replica.segment_id);
+        reply->add_offset(replica.offset);
+      }
     }
     return grpc::Status::OK;
   }
@@ -144,7 +164,8 @@ class MasterService final : public proto::Master::Service {
                           proto::BatchExistReply* reply) override {
     auto results = state_->BatchExist(request->client_id(), Keys(*request));
     if (!results.ok()) return ToGrpc(results.status());
-    for (const Status& status : *results) SetStatus(reply->add_status(), status);
+    reply->mutable_exists()->Reserve(static_cast<int>(results->size()));
+    for (const Status& status : *results) reply->add_exists(status.ok());
     return grpc::Status::OK;
   }
 

@@ -5,10 +5,13 @@
 // Plain types shared by the master's parts (state, placement, service). No gRPC here: the
 // service translates these to and from proto/master.proto.
 
+#include <absl/container/inlined_vector.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "larder/status.h"
@@ -78,21 +81,25 @@ struct PutOptions {
   bool pin = false;
 };
 
+// Replica locations of one object. Most objects have one or two replicas, which are then held
+// without an allocation of their own.
+using ReplicaLocations = absl::InlinedVector<ReplicaLocation, 2>;
+
 struct PutStartItem {
-  std::string key;
+  std::string_view key;  // the caller's memory, valid for the duration of the call
   uint64_t size = 0;
 };
 
 struct PutStartOutcome {
   Status status;
   bool already_exists = false;  // OK and nothing to write: the key is stored or being stored
-  std::vector<ReplicaLocation> replicas;
+  ReplicaLocations replicas;
 };
 
 struct GetOutcome {
   Status status;
   uint64_t size = 0;
-  std::vector<ReplicaLocation> replicas;
+  ReplicaLocations replicas;
   std::chrono::milliseconds lease{0};
 };
 

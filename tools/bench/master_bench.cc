@@ -104,6 +104,9 @@ Status PutRange(const Master& master, uint64_t first, uint64_t count, size_t bat
     for (const auto& result : started.results()) {
       LARDER_RETURN_IF_ERROR(client::FromItemStatus(result.status()));
     }
+    for (const Status& status : client::ItemStatuses(end.keys_size(), ended.errors())) {
+      LARDER_RETURN_IF_ERROR(status);
+    }
   }
   return Status::Ok();
 }
@@ -162,8 +165,11 @@ int RunMasterBench(const MasterBenchOptions& options) {
             master->client->Call("BatchGetReplicas", &Stub::BatchGetReplicas, request, &reply);
         get_lat[t].push_back(
             std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count());
-        for (const auto& result : reply.results()) {
-          if (errors[t].ok()) errors[t] = client::FromItemStatus(result.status());
+        if (errors[t].ok()) errors[t] = client::CheckReplicaColumns(reply, options.batch);
+        if (errors[t].ok()) {
+          for (const Status& status : client::ItemStatuses(options.batch, reply.errors())) {
+            if (errors[t].ok()) errors[t] = status;
+          }
         }
         gets += options.batch;
       }
