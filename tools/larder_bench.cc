@@ -108,6 +108,10 @@ int main(int argc, char** argv) {
   s->add_option("--clients", store.clients, "client processes on this host")
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
+  s->add_option("--active", store.active,
+                "clients that run the operation (default: all); the others only contribute "
+                "their segments")
+      ->check(CLI::Range(1, 64));
   s->add_option("--segment-size", store.segment_size, "bytes each client contributes")
       ->transform(ByteSize())
       ->default_str("1G");

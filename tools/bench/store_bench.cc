@@ -140,16 +140,21 @@ int RunStoreBench(const StoreBenchOptions& options) {
       return 2;
     }
   }
+  if (options.active < 0 || options.active > options.clients) {
+    std::cerr << "larder-bench store: --active must be between 1 and --clients (0: all)\n";
+    return 2;
+  }
   auto cluster = StartCluster(options);
   if (!cluster.ok()) {
     std::cerr << "larder-bench store: " << cluster.status() << "\n";
     return 1;
   }
   const size_t n = cluster->workers.size();
+  const size_t active = options.active == 0 ? n : static_cast<size_t>(options.active);
   auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(options.duration_s * 1000) + 120000);
-  Table table({"op", "value", "batch", "clients", "protocol", "KV/s", "GB/s", "p50 us", "p99 us",
-               "errors", "verified"});
+  Table table({"op", "value", "batch", "active/clients", "protocol", "KV/s", "GB/s", "p50 us",
+               "p99 us", "errors", "verified"});
   int exit_code = 0;
   for (uint64_t value_size : value_sizes) {
     uint64_t working_set = options.working_set != 0
@@ -185,7 +190,7 @@ int RunStoreBench(const StoreBenchOptions& options) {
         }
       }
       std::vector<json> commands;
-      for (size_t i = 0; i < n; ++i) {
+      for (size_t i = 0; i < active; ++i) {
         bool put = op == "put" || (op == "mixed" && i % 2 == 0);
         json command = base_command(i, put ? "put" : "get");
         command["duration"] = options.duration_s;
@@ -217,6 +222,7 @@ int RunStoreBench(const StoreBenchOptions& options) {
                      {"value_size", value_size},
                      {"batch", options.batch},
                      {"clients", n},
+                     {"active", active},
                      {"protocol", options.protocol},
                      {"kv_per_s", f.kv_per_s},
                      {"gbps", f.gbps},
@@ -230,8 +236,9 @@ int RunStoreBench(const StoreBenchOptions& options) {
         if (!f.first_error.empty()) line["first_error"] = f.first_error;
         std::cout << line.dump() << std::endl;
       } else {
-        table.AddRow({op, size_tag, std::to_string(options.batch), std::to_string(n),
-                      options.protocol, Fixed(f.kv_per_s, 0), Fixed(f.gbps, 2), Fixed(f.p50_us, 0),
+        table.AddRow({op, size_tag, std::to_string(options.batch),
+                      std::to_string(active) + "/" + std::to_string(n), options.protocol,
+                      Fixed(f.kv_per_s, 0), Fixed(f.gbps, 2), Fixed(f.p50_us, 0),
                       Fixed(f.p99_us, 0), std::to_string(f.errors + f.wrong),
                       std::to_string(f.verified)});
         if (!f.first_error.empty()) std::cerr << "first error: " << f.first_error << "\n";

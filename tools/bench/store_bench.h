@@ -11,6 +11,9 @@ namespace larder::bench {
 struct StoreBenchOptions {
   std::string master;  // "ip:port" of a running master; empty: start one in this process
   int clients = 2;     // client processes, each contributing segment_size
+  // Clients that run the measured operation (0: all). The others only contribute their segments,
+  // so `--clients 2 --active 1` is one process reading another's segment, as `transfer` measures.
+  int active = 0;
   uint64_t segment_size = 1ull << 30;
   std::string ops = "put,get";  // comma list of put | get | mixed
   std::string value_sizes = "4K";
