@@ -162,6 +162,14 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
   std::unordered_set<std::string_view> seen;
   seen.reserve(items.size());
   SegmentTable::Plan plan = segments_.MakePlan(options, client.slot, client.host_id);
+  if (plan.replicas > kMaxReplicas) {
+    for (PutStartOutcome& result : results) {
+      result.status = InvalidArgumentError(std::to_string(plan.replicas) +
+                                           " replicas requested; an object has at most " +
+                                           std::to_string(kMaxReplicas));
+    }
+    return results;
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const PutStartItem& item = items[i];
     if (!seen.insert(item.key).second) {

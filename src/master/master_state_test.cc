@@ -123,6 +123,11 @@ TEST_F(MasterStateTest, BadInputGetsClearErrors) {
   PutOptions three;
   three.replica_num = 3;
   EXPECT_EQ(PutStart("a", "r3", 10, three).status.code(), StatusCode::kInvalidArgument);
+  PutOptions too_many;
+  too_many.replica_num = kMaxReplicas + 1;
+  PutStartOutcome refused = PutStart("a", "r65", 10, too_many);
+  EXPECT_EQ(refused.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status.message().find("at most 64"), std::string::npos) << refused.status;
   EXPECT_EQ(Get("a", "missing").status.code(), StatusCode::kNotFound);
   EXPECT_EQ(Remove("a", "missing").code(), StatusCode::kNotFound);
   EXPECT_EQ(PutEnd("a", "missing").code(), StatusCode::kNotFound);

@@ -79,6 +79,7 @@ struct Object {
     return reinterpret_cast<const StoredReplica*>(this + 1);
   }
 };
+static_assert(kMaxReplicas <= UINT16_MAX, "Object::replica_count is 16 bits");
 static_assert(alignof(StoredReplica) <= alignof(Object));
 static_assert(sizeof(Object) % alignof(StoredReplica) == 0);
 

@@ -75,8 +75,11 @@ struct ReplicaLocation {
   uint64_t offset = 0;
 };
 
+// Most replicas one object may have.
+inline constexpr uint32_t kMaxReplicas = 64;
+
 struct PutOptions {
-  uint32_t replica_num = 1;
+  uint32_t replica_num = 1;                     // 1..kMaxReplicas
   std::vector<std::string> preferred_segments;  // names, tried in order before the strategy
   bool pin = false;
 };

@@ -115,8 +115,9 @@ Status RunStoreDemo(const StoreDemoOptions& options, std::ostream& out) {
   out << "\nshm reads were " << Fixed(shm.read_gbps / std::max(tcp.read_gbps, 1e-9), 1)
       << "x the tcp reads on this host.\n";
   master::MasterStats stats = master->state().Stats();
-  out << "master: " << stats.objects << " objects, " << stats.puts << " puts, " << stats.gets
-      << " gets served, " << stats.clients << " clients live\n";
+  out << "master: " << stats.puts << " puts and " << stats.gets << " gets served; now "
+      << stats.objects << " objects and " << stats.clients
+      << " clients (each client unmounted its segment as it left)\n";
   return Status::Ok();
 }
 
