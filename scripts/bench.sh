@@ -18,7 +18,9 @@ export LARDER_LOG_LEVEL=${LARDER_LOG_LEVEL:-warn}
 {
   "$bench" store --json --op put,get --value-size 4K --batch 128
   "$bench" store --json --op get --value-size 4M --batch 8
+  "$bench" store --json --op get --value-size 4M --batch 8 --active 1
   "$bench" store --json --op get --value-size 4M --batch 8 --protocol tcp
+  "$bench" store --json --op get --value-size 4M --batch 8 --active 1 --protocol tcp
   "$bench" master --json
 } | tee "$out/store.jsonl"
 "$bench" replay --json --requests 2000 --plot "$out/replay.svg" | tee "$out/replay.jsonl" || echo "bench: replay failed (no trace? set LARDER_TRACE)" >&2
