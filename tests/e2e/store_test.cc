@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <httplib.h>
+
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -207,14 +209,27 @@ TEST(StoreE2ETest, KilledClientIsExpiredAndReplicasElsewhereStayReadable) {
   EXPECT_NE(route->find("no segment named 'b'"), std::string::npos) << *route;
 }
 
-// Eviction under pressure while readers hold leases: a reader may miss an evicted key, but never
-// sees the bytes of another object.
+// The value of one Prometheus counter or gauge from the master's /metrics.
+double Metric(const Master& master, const std::string& name) {
+  httplib::Client http("127.0.0.1", master.http_port);
+  auto response = http.Get("/metrics");
+  EXPECT_TRUE(response) << "no answer from /metrics";
+  if (!response) return -1;
+  size_t at = response->body.find("\n" + name + " ");
+  EXPECT_NE(at, std::string::npos) << name << " missing from /metrics";
+  if (at == std::string::npos) return -1;
+  return std::stod(response->body.substr(at + name.size() + 2));
+}
+
+// Eviction under pressure while a reader holds leases: a reader may miss an evicted key, but
+// never sees the bytes of another object.
 TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
   Master master = StartMaster({"--lease-ttl", "2s"});
   ChildProcess owner = StartWorker(master, "small", "4M");
   ChildProcess writer = StartWorker(master, "writer", "0");
   ChildProcess reader = StartWorker(master, "reader", "0");
-  // 64 KiB values into a 4 MiB segment: about 60 fit, the writer puts 2000 of them.
+  // 64 KiB values into a 4 MiB segment: 64 fit, the writer puts 2000 of them while the reader
+  // reads random ones of the 2000.
   ASSERT_TRUE(writer
                   .WriteLine(json{
                       {"cmd", "put"},
@@ -236,11 +251,21 @@ TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
                   .ok());
   json wrote = ReadReply(writer);
   json read = ReadReply(reader);
-  EXPECT_EQ(wrote["ok"], 2000) << wrote;  // puts never fail while something is evictable
   EXPECT_EQ(read["wrong"], 0) << read;
   // Misses (evicted) and retryable errors (still being written) are expected; nothing else.
   EXPECT_EQ(read["errors"], 0) << read;
   EXPECT_GT(read["verified"].get<int>(), 0) << read;
+  // Objects were evicted to make room while the reader read.
+  EXPECT_GT(wrote["ok"].get<int>(), 64) << wrote;
+  EXPECT_GT(Metric(master, "larder_evictions_total"), 0);
+  // A fast enough reader may hold a lease on every object in the pool at some moment; a put then
+  // fails, and for that reason only (PutsEvictAroundObjectsReadersHold bounds what is leased).
+  EXPECT_EQ(wrote["errors"], wrote["error_codes"].value("ResourceExhausted", 0)) << wrote;
+  if (wrote["errors"].get<int>() > 0) {
+    EXPECT_NE(wrote["first_error"].get<std::string>().find("nothing is evictable"),
+              std::string::npos)
+        << wrote;
+  }
   // Once the reader's leases run out, fresh puts succeed again and read back intact.
   std::this_thread::sleep_for(milliseconds(2100));
   EXPECT_EQ(Put(writer, "last/", 10, 64 * 1024, "small")["ok"], 10);
@@ -251,6 +276,44 @@ TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
   int present = 0;
   for (const json& e : first["exist"]) present += e == true ? 1 : 0;
   EXPECT_LE(present, 64) << first;
+}
+
+// A reader keeps 16 objects leased (it reads them again and again) while a writer puts 2000
+// more into a pool of 64: every put succeeds by evicting other objects, and no held object is
+// ever evicted.
+TEST(StoreE2ETest, PutsEvictAroundObjectsReadersHold) {
+  Master master = StartMaster({"--lease-ttl", "2s"});
+  ChildProcess owner = StartWorker(master, "small", "4M");
+  ChildProcess writer = StartWorker(master, "writer", "0");
+  ChildProcess reader = StartWorker(master, "reader", "0");
+  ASSERT_EQ(Put(writer, "held/", 16, 64 * 1024, "small")["ok"], 16);
+  ASSERT_TRUE(reader
+                  .WriteLine(json{
+                      {"cmd", "get"},
+                      {"prefix", "held/"},
+                      {"count", 16},
+                      {"value_size", 64 * 1024},
+                      {"batch", 8},
+                      {"duration",
+                       6.0}}.dump())
+                  .ok());
+  std::this_thread::sleep_for(milliseconds(300));  // every held object is leased by now
+  json wrote = Send(writer, {{"cmd", "put"},
+                             {"prefix", "p/"},
+                             {"count", 2000},
+                             {"value_size", 64 * 1024},
+                             {"batch", 8},
+                             {"preferred", "small"}});
+  EXPECT_EQ(wrote["ok"], 2000) << wrote;  // puts never fail while something is evictable
+  json held = Send(writer, {{"cmd", "exist"}, {"keys", Keys("held/", 16)}});
+  for (const json& e : held["exist"]) EXPECT_EQ(e, true) << held;
+  json read = ReadReply(reader);
+  EXPECT_EQ(read["missing"], 0) << read;  // a held object was never evicted
+  EXPECT_EQ(read["wrong"], 0) << read;
+  EXPECT_EQ(read["errors"], 0) << read;
+  EXPECT_EQ(read["retryable"], 0) << read;
+  EXPECT_GT(read["verified"].get<int>(), 0) << read;
+  EXPECT_GE(Metric(master, "larder_evictions_total"), 2000 + 16 - 64);
 }
 
 // The master restarts under its clients: they reconnect and remount by themselves; objects known

@@ -83,6 +83,7 @@ class Worker {
     std::byte* buffer = Buffer(batch * value_size);
     uint64_t ok = 0, errors = 0, next = 0;
     std::string first_error;
+    json error_codes = json::object();  // failed puts by status code name
     double seconds = 0;
     std::vector<double> latencies;
     auto end = SteadyClock::now() + std::chrono::duration<double>(duration);
@@ -117,12 +118,19 @@ class Worker {
           ++ok;
         } else {
           ++errors;
+          std::string code(StatusCodeName(status.code()));
+          error_codes[code] = error_codes.value(code, 0) + 1;
           if (first_error.empty()) first_error = status.ToString();
         }
       }
     }
-    return {{"ok", ok},           {"errors", errors},    {"first_error", first_error},
-            {"seconds", seconds}, {"lat_us", latencies}, {"next", next}};
+    return {{"ok", ok},
+            {"errors", errors},
+            {"error_codes", error_codes},
+            {"first_error", first_error},
+            {"seconds", seconds},
+            {"lat_us", latencies},
+            {"next", next}};
   }
 
   json Get(const json& cmd) {

@@ -7,7 +7,8 @@
 // Commands (fields in brackets are optional):
 //   {"cmd":"put", "prefix":P, "first":F, "count":N | "keys":[...], "value_size":S, "batch":B,
 //    ["duration":seconds], ["preferred":segment], ["replicas":R], ["zero_copy":bool]}
-//     -> {"ok":n, "errors":n, "first_error":s, "seconds":t, "lat_us":[per batch], "next":i}
+//     -> {"ok":n, "errors":n, "error_codes":{code name: n}, "first_error":s, "seconds":t,
+//         "lat_us":[per batch], "next":i}
 //   {"cmd":"get", same key selection, "value_size":S, "batch":B, ["duration":seconds, random keys],
 //    ["zero_copy":bool]}
 //     -> {"ok":n, "errors":n, "retryable":n (Unavailable), "missing":n (NotFound), "wrong":n,
