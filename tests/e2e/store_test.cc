@@ -70,6 +70,20 @@ json Send(ChildProcess& worker, const json& command, milliseconds timeout = seco
   return reply;
 }
 
+// Starts a put or get loop on `worker` without waiting for it (0 s: every key once, else random
+// keys for that long); ReadReply collects its answer.
+Status Begin(ChildProcess& worker, const std::string& cmd, const std::string& prefix, int count,
+             uint64_t value_size, int batch, double duration_s = 0) {
+  return worker.WriteLine(json{
+      {"cmd", cmd},
+      {"prefix", prefix},
+      {"count", count},
+      {"value_size", value_size},
+      {"batch", batch},
+      {"duration",
+       duration_s}}.dump());
+}
+
 json ReadReply(ChildProcess& worker) {
   auto line = worker.ReadLine(seconds(120));
   EXPECT_TRUE(line.ok()) << line.status();
@@ -181,14 +195,7 @@ TEST(StoreE2ETest, KilledClientIsExpiredAndReplicasElsewhereStayReadable) {
   EXPECT_EQ(Put(a, "dup/", 64, 64 * 1024, "b", 2)["ok"], 64);
   EXPECT_EQ(Put(a, "only-b/", 16, 64 * 1024, "b")["ok"], 16);
   // c reads dup/ for 3 s while b dies.
-  ASSERT_TRUE(c.WriteLine(json{{"cmd", "get"},
-                               {"prefix", "dup/"},
-                               {"count", 64},
-                               {"value_size", 64 * 1024},
-                               {"batch", 8},
-                               {"duration", 3.0}}
-                              .dump())
-                  .ok());
+  ASSERT_TRUE(Begin(c, "get", "dup/", 64, 64 * 1024, 8, 3.0).ok());
   std::this_thread::sleep_for(milliseconds(500));
   b.Kill(SIGKILL);
   b.Stop(seconds(5));
@@ -230,25 +237,8 @@ TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
   ChildProcess reader = StartWorker(master, "reader", "0");
   // 64 KiB values into a 4 MiB segment: 64 fit, the writer puts 2000 of them while the reader
   // reads random ones of the 2000.
-  ASSERT_TRUE(writer
-                  .WriteLine(json{
-                      {"cmd", "put"},
-                      {"prefix", "p/"},
-                      {"count", 2000},
-                      {"value_size", 64 * 1024},
-                      {"batch",
-                       8}}.dump())
-                  .ok());
-  ASSERT_TRUE(reader
-                  .WriteLine(json{
-                      {"cmd", "get"},
-                      {"prefix", "p/"},
-                      {"count", 2000},
-                      {"value_size", 64 * 1024},
-                      {"batch", 8},
-                      {"duration",
-                       3.0}}.dump())
-                  .ok());
+  ASSERT_TRUE(Begin(writer, "put", "p/", 2000, 64 * 1024, 8).ok());
+  ASSERT_TRUE(Begin(reader, "get", "p/", 2000, 64 * 1024, 8, 3.0).ok());
   json wrote = ReadReply(writer);
   json read = ReadReply(reader);
   EXPECT_EQ(read["wrong"], 0) << read;
@@ -287,16 +277,7 @@ TEST(StoreE2ETest, PutsEvictAroundObjectsReadersHold) {
   ChildProcess writer = StartWorker(master, "writer", "0");
   ChildProcess reader = StartWorker(master, "reader", "0");
   ASSERT_EQ(Put(writer, "held/", 16, 64 * 1024, "small")["ok"], 16);
-  ASSERT_TRUE(reader
-                  .WriteLine(json{
-                      {"cmd", "get"},
-                      {"prefix", "held/"},
-                      {"count", 16},
-                      {"value_size", 64 * 1024},
-                      {"batch", 8},
-                      {"duration",
-                       6.0}}.dump())
-                  .ok());
+  ASSERT_TRUE(Begin(reader, "get", "held/", 16, 64 * 1024, 8, 6.0).ok());
   std::this_thread::sleep_for(milliseconds(300));  // every held object is leased by now
   json wrote = Send(writer, {{"cmd", "put"},
                              {"prefix", "p/"},

@@ -175,9 +175,10 @@ int RunStoreBench(const StoreBenchOptions& options) {
       };
       std::string working_prefix = "ws/" + size_tag + "/";
       if (op != "put") {
-        // The working set: each client writes its keys into the next client's segment.
+        // The working set: each active client writes its keys into the next client's segment
+        // (clients that only contribute their segment read nothing, so they write nothing).
         std::vector<json> fill;
-        for (size_t i = 0; i < n; ++i) {
+        for (size_t i = 0; i < active; ++i) {
           json command = base_command(i, "put");
           command["prefix"] = working_prefix + std::to_string(i) + "/";
           command["count"] = keys;
