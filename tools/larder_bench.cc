@@ -168,6 +168,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   p->add_option("--requests", replay.requests, "replay the first N requests (0: all)")
       ->capture_default_str();
+  p->add_option("--repeat-prefixes", replay.repeat_prefixes,
+                "more reuse: follow each request, this many requests later, by one that shares "
+                "its prefix (0: the trace as it is)")
+      ->capture_default_str();
   p->add_option("--inflight", replay.inflight,
                 "requests outstanding at once, at most one per client (0: --clients; 1: "
                 "sequential)")

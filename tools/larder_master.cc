@@ -43,25 +43,34 @@ int main(int argc, char** argv) {
   app.add_option("--port", options.port, "gRPC port (0: pick a free one)")->capture_default_str();
   app.add_option("--http-port", options.http_port, "HTTP port (0: pick a free one; -1: off)")
       ->capture_default_str();
-  app.add_option("--lease-ttl", lease_ttl, "how long a get's lease protects an object")
+  app.add_option("--lease-ttl", lease_ttl,
+                 "how long a get's lease protects an object when its reader never releases it "
+                 "(readers release leases when their copy ends)")
       ->check(Duration())
       ->capture_default_str();
   app.add_option("--client-ttl", client_ttl,
                  "a client silent this long is expired and its segments unmounted")
       ->check(Duration())
       ->capture_default_str();
+  app.add_option("--eviction-slack", options.master.eviction_slack,
+                 "a put that finds the pool full evicts what it needs plus this fraction of the "
+                 "capacity (in whole objects)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--eviction-high-watermark", options.master.eviction_high_watermark,
-                 "evict when used/capacity exceeds this")
+                 "background eviction: when used/capacity exceeds this, the sweeper evicts "
+                 "--eviction-ratio of the capacity (1: off, puts evict what they need)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--eviction-ratio", options.master.eviction_ratio,
-                 "fraction of the capacity one eviction frees")
+                 "fraction of the capacity background eviction frees")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--put-timeout", put_timeout, "a put not ended within this is revoked")
       ->check(Duration())
       ->capture_default_str();
   app.add_option("--max-key-size", options.master.max_key_size, "longest key in bytes")
+      ->check(CLI::Range(size_t{1}, larder::master::kMaxKeyBytes))
       ->capture_default_str();
   app.add_option("--placement", placement,
                  "replica placement: local-first (writer's process, then host, then free ratio) "

@@ -11,9 +11,9 @@
 //
 // Objects are immutable byte strings addressed by keys. A put of a key that exists succeeds
 // without rewriting it. A get holds a lease from the master that keeps the object from being
-// evicted or removed while the bytes are copied; if the lease runs out before the copy completes,
-// the get fails with Unavailable (retry) rather than return bytes that may belong to another
-// object by then.
+// evicted or removed while the bytes are copied, and releases it when the copy has ended; if the
+// lease runs out (the master's lease TTL) before the copy completes, the get fails with
+// Unavailable (retry) rather than return bytes that may belong to another object by then.
 //
 // Thread-safety: every method may be called from any number of threads at once.
 #pragma once
@@ -63,10 +63,14 @@ struct StoreClientOptions {
   std::chrono::milliseconds rpc_timeout{10000};
   // Deadline of the data movement of one batch.
   std::chrono::milliseconds transfer_timeout{10000};
+  // A get releases its lease when its copy has ended. The release rides on the client's next
+  // call to the master; if none comes within this delay, it is sent on its own.
+  std::chrono::microseconds lease_release_delay{2000};
 
   // The defaults, overridden by the environment: LARDER_MASTER, LARDER_LOCAL_HOSTNAME,
   // LARDER_SEGMENT_NAME, LARDER_GLOBAL_SEGMENT_SIZE and LARDER_LOCAL_BUFFER_SIZE (sizes such as
-  // "4gb", "512MiB"), LARDER_REPLICA_NUM, LARDER_AUTH_TOKEN, LARDER_HOST_ID. The protocol is left
+  // "4gb", "512MiB"), LARDER_REPLICA_NUM, LARDER_AUTH_TOKEN, LARDER_HOST_ID,
+  // LARDER_LEASE_RELEASE_DELAY ("1ms", "2s"). The protocol is left
   // empty, so the engine resolves LARDER_STORE_PROTOCOL / LARDER_PROTOCOL itself.
   // Errors: InvalidArgument naming the variable that does not parse.
   static Result<StoreClientOptions> FromEnvironment();
@@ -144,7 +148,7 @@ class StoreClient {
   // True when the object is stored and complete. Takes no lease.
   virtual Result<bool> Exist(std::string_view key) = 0;
   virtual std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) = 0;
-  // The value's size in bytes. Errors: NotFound.
+  // The value's size in bytes. Takes no lease. Errors: NotFound.
   virtual Result<uint64_t> GetSize(std::string_view key) = 0;
   // Errors: NotFound, Unavailable (leased by a reader or being written: retry later).
   virtual Status Remove(std::string_view key) = 0;

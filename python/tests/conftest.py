@@ -82,8 +82,8 @@ def master():
 
 @pytest.fixture
 def fresh_master():
-    """A master of this test's own (it may be stopped), with short leases so that remove and
-    remove_all are not held up by earlier reads."""
+    """A master of this test's own (it may be stopped), with short leases: a read that is cut
+    short (its client closed before its release was sent) holds up remove for 200 ms only."""
     m = Master("--lease-ttl", "200ms")
     yield m
     m.stop()

@@ -34,6 +34,11 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
     if (!parsed.ok()) return parsed.status().WithContext(name);
     *field = *parsed;
   }
+  if (std::string value = GetEnv("LARDER_LEASE_RELEASE_DELAY"); !value.empty()) {
+    auto parsed = ParseDuration(value);
+    if (!parsed.ok()) return parsed.status().WithContext("LARDER_LEASE_RELEASE_DELAY");
+    options.lease_release_delay = *parsed;
+  }
   if (std::string value = GetEnv("LARDER_REPLICA_NUM"); !value.empty()) {
     char* end = nullptr;
     unsigned long n = std::strtoul(value.c_str(), &end, 10);
@@ -111,6 +116,13 @@ class StoreClientImpl final : public StoreClient {
     }
     heartbeat_cv_.notify_all();
     if (heartbeat_.joinable()) heartbeat_.join();
+    {
+      std::lock_guard lock(release_mu_);
+      release_stopping_ = true;
+    }
+    release_cv_.notify_all();
+    if (releaser_.joinable()) releaser_.join();
+    SendReleases(TakeReleases());
     proto::UnmountSegmentsRequest request;
     proto::UnmountSegmentsReply reply;
     request.set_client_id(engine_->id());
@@ -136,6 +148,7 @@ class StoreClientImpl final : public StoreClient {
     }
     LARDER_RETURN_IF_ERROR(Mount(mount_generation_));
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    releaser_ = std::thread([this] { ReleaseLoop(); });
     return Status::Ok();
   }
 
@@ -328,6 +341,7 @@ class StoreClientImpl final : public StoreClient {
     proto::BatchKeysRequest request;
     proto::BatchGetReplicasReply reply;
     request.add_keys(std::string(key));
+    request.set_metadata_only(true);  // no lease: nothing is copied
     LARDER_RETURN_IF_ERROR(Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply));
     LARDER_RETURN_IF_ERROR(CheckReplicaColumns(reply, 1));
     LARDER_RETURN_IF_ERROR(ItemStatuses(1, reply.errors())[0]);
@@ -394,13 +408,18 @@ class StoreClientImpl final : public StoreClient {
   }
 
   // Calls the master for this client; when the master no longer knows the client (it expired or
-  // the master restarted), mounts again and retries once.
+  // the master restarted), mounts again and retries once. Calls whose request can carry lease
+  // releases take every release waiting to be sent.
   template <typename Request, typename Reply>
   Status Rpc(const char* name,
              grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Reply*),
              Request* request, Reply* reply) {
     uint64_t generation = mount_generation_.load();
     request->set_client_id(engine_->id());
+    if constexpr (requires { request->mutable_release_leases(); }) {
+      std::vector<uint64_t> releases = TakeReleasesForCall();
+      request->mutable_release_leases()->Add(releases.begin(), releases.end());
+    }
     Status status = master_.Call(name, method, *request, reply);
     if (status.code() == StatusCode::kUnavailable) {
       // A broken connection (e.g. the master restarted) fails the first call on it; every call
@@ -479,6 +498,90 @@ class StoreClientImpl final : public StoreClient {
         }
       }
       lock.lock();
+    }
+  }
+
+  // ---- lease releases ----
+  //
+  // A get's lease is released as soon as its copy has ended: the id waits in pending_releases_
+  // for the client's next master call to carry it (no round trip of its own while the client is
+  // busy), and the releaser thread sends whatever is still waiting after lease_release_delay. A
+  // release that is lost (the call carrying it failed) costs nothing but the lease's TTL.
+  //
+  // Every release queued before a call starts reaches the master before that call does: the call
+  // carries it, or waits for the releaser's call that carries it. So a client that read a key and
+  // then removes it never finds its own read in the way.
+
+  void QueueRelease(uint64_t lease_id) {
+    if (lease_id == 0) return;
+    bool wake;
+    {
+      std::lock_guard lock(release_mu_);
+      if (pending_releases_.empty()) oldest_pending_ = SteadyClock::now();
+      pending_releases_.push_back(lease_id);
+      // The releaser is woken only when it sleeps with nothing to do: a busy reader's gets cost
+      // no wake-up each.
+      wake = releaser_idle_;
+      releaser_idle_ = false;
+    }
+    if (wake) release_cv_.notify_all();
+  }
+
+  std::vector<uint64_t> TakeReleases() {
+    std::vector<uint64_t> taken;
+    std::lock_guard lock(release_mu_);
+    taken.swap(pending_releases_);
+    return taken;
+  }
+
+  std::vector<uint64_t> TakeReleasesForCall() {
+    std::vector<uint64_t> taken;
+    std::unique_lock lock(release_mu_);
+    if (pending_releases_.empty() && !releases_in_flight_) return taken;
+    release_cv_.wait(lock, [this] { return !releases_in_flight_; });
+    taken.swap(pending_releases_);
+    return taken;
+  }
+
+  void SendReleases(std::vector<uint64_t> ids) {
+    if (ids.empty()) return;
+    proto::ReleaseLeasesRequest request;
+    proto::ReleaseLeasesReply reply;
+    request.set_client_id(engine_->id());
+    request.mutable_lease_id()->Add(ids.begin(), ids.end());
+    Status status = master_.Call("ReleaseLeases", &Stub::ReleaseLeases, request, &reply);
+    if (!status.ok()) {
+      Log().debug("releasing {} lease(s): {} (they end at their TTL)", ids.size(),
+                  status.ToString());
+    } else if (reply.errors_size() > 0) {
+      Log().warn("larder-master refused to release {} lease(s): {}", reply.errors_size(),
+                 reply.errors(0).status().message());
+    }
+  }
+
+  void ReleaseLoop() {
+    std::unique_lock lock(release_mu_);
+    while (!release_stopping_) {
+      if (pending_releases_.empty()) {
+        releaser_idle_ = true;
+        release_cv_.wait(lock, [this] { return release_stopping_ || !pending_releases_.empty(); });
+        releaser_idle_ = false;
+        continue;
+      }
+      // Give a call the time to carry them; a call may take them, and newer ones arrive.
+      auto due = oldest_pending_ + options_.lease_release_delay;
+      if (SteadyClock::now() < due) {
+        release_cv_.wait_until(lock, due, [this] { return release_stopping_; });
+        continue;
+      }
+      std::vector<uint64_t> ids;
+      ids.swap(pending_releases_);
+      releases_in_flight_ = true;
+      lock.unlock();
+      SendReleases(std::move(ids));
+      lock.lock();
+      releases_in_flight_ = false;
+      release_cv_.notify_all();
     }
   }
 
@@ -646,7 +749,10 @@ class StoreClientImpl final : public StoreClient {
     SteadyClock::time_point asked = SteadyClock::now();
     Status status = Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply);
     if (status.ok()) status = CheckReplicaColumns(reply, n);
-    if (!status.ok()) return std::vector<Status>(n, status);
+    if (!status.ok()) {
+      QueueRelease(reply.lease_id());  // a lease on a reply that cannot be used, if any
+      return std::vector<Status>(n, status);
+    }
     std::vector<Status> results = ItemStatuses(n, reply.errors());
     const SteadyClock::time_point lease_end = asked + std::chrono::milliseconds(reply.lease_ms());
 
@@ -728,8 +834,9 @@ class StoreClientImpl final : public StoreClient {
       }
     }
     // The lease protected the bytes only until lease_end; past it they may have been evicted
-    // and reused while we copied.
+    // and reused while we copied. The copy is over either way: the lease can go.
     const bool lease_expired = SteadyClock::now() > lease_end;
+    QueueRelease(reply.lease_id());
     for (const Job& job : jobs) {
       if (!job.tried) {
         results[job.index] =
@@ -766,6 +873,16 @@ class StoreClientImpl final : public StoreClient {
   std::condition_variable heartbeat_cv_;
   bool stopping_ = false;  // guarded by heartbeat_mu_
   std::thread heartbeat_;
+
+  // Everything below but the thread is guarded by release_mu_.
+  std::mutex release_mu_;
+  std::condition_variable release_cv_;
+  std::vector<uint64_t> pending_releases_;
+  SteadyClock::time_point oldest_pending_;  // when pending_releases_[0] was queued
+  bool releaser_idle_ = false;              // the releaser sleeps until a release is queued
+  bool releases_in_flight_ = false;         // the releaser is sending some
+  bool release_stopping_ = false;
+  std::thread releaser_;
 };
 
 }  // namespace

@@ -2,11 +2,19 @@
 //
 // Eviction: least recently used first, across all shards.
 //
-// Each shard keeps its complete, unpinned objects in LRU order with a master-wide access tick.
-// A round takes up to kPerShard evictable candidates from the old end of every shard and evicts
-// the globally oldest of them; since any of the kPerShard globally oldest objects is among its
-// own shard's kPerShard oldest, each round's choice is exact LRU (objects leased or pinned are
-// skipped, never evicted).
+// Each shard keeps its complete, unpinned objects in LRU order with a master-wide access tick. A
+// run works in rounds of two passes. The first pass reads the ticks and sizes of the k oldest
+// evictable objects of every shard (k: about as many objects as are still to free, at most
+// kPerShard) and finds the tick T below which the globally oldest objects add up to what is still
+// to free; since any of the k globally oldest objects is among its own shard's k oldest, the
+// objects at or below T are exactly the oldest of the pool. The second pass evicts, in each shard,
+// the evictable objects at or below T. An object read or written in between has a newer tick and
+// stays; leased, pinned and incomplete objects are never candidates.
+//
+// Nothing is copied in the first pass (no keys: only two numbers per candidate), and a run that
+// needs one object looks at a couple per shard, so a put's eviction costs O(shards) lock
+// acquisitions and O(shards * k) candidates. The counters eviction_runs and eviction_scanned,
+// and the eviction time histogram, report what it costs.
 
 #include <algorithm>
 #include <cmath>
@@ -18,84 +26,132 @@ namespace larder::master {
 
 namespace {
 constexpr size_t kPerShard = 32;
-// How far past leased objects a round looks in one shard before giving up on it.
+// How far past leased objects a pass looks in one shard.
 constexpr size_t kMaxWalk = 4 * kPerShard;
+// Rounds in a row that may free nothing (every candidate was used in between) before giving up.
+constexpr int kMaxIdleRounds = 4;
 }  // namespace
+
+uint64_t MasterState::EvictForPut(uint64_t bytes) {
+  SegmentTable::Usage usage = segments_.usage();
+  auto slack = static_cast<uint64_t>(static_cast<double>(usage.capacity) *
+                                     std::max(0.0, options_.eviction_slack));
+  // In whole objects of the mean size: a slack smaller than one object evicts none.
+  uint64_t objects = objects_.load(std::memory_order_relaxed);
+  uint64_t mean = objects == 0 ? 0 : usage.used / objects;
+  if (mean > 0) slack -= slack % mean;
+  return Evict(bytes + slack);
+}
 
 uint64_t MasterState::Evict(uint64_t bytes) {
   std::lock_guard evict_lock(evict_mu_);
+  const auto started = Clock::now();
   struct Candidate {
     uint64_t tick;
     uint64_t bytes;
-    size_t shard;
-    std::string key;
   };
-  uint64_t freed = 0;
+  uint64_t freed = 0, scanned = 0, evicted = 0;
   std::vector<Candidate> candidates;
   std::vector<StoredReplica> replicas;
-  while (freed < bytes) {
+  std::vector<bool> has_candidates(shard_count_);
+  int idle_rounds = 0;
+  while (freed < bytes && idle_rounds < kMaxIdleRounds) {
+    // About how many objects are still to free, from the mean object size.
+    uint64_t objects = std::max<uint64_t>(objects_.load(std::memory_order_relaxed), 1);
+    uint64_t mean = std::max<uint64_t>(segments_.usage().used / objects, 1);
+    size_t k =
+        static_cast<size_t>(std::clamp<uint64_t>((bytes - freed + mean - 1) / mean, 1, kPerShard));
+
+    // Pass 1: the k oldest evictable objects of each shard.
     int64_t now = Now();
     candidates.clear();
+    uint64_t exact_below = UINT64_MAX;  // candidates above this tick may miss older objects
     for (size_t s = 0; s < shard_count_; ++s) {
       Shard& shard = shards_[s];
-      std::lock_guard lock(shard.mu);
-      size_t taken = 0;
-      size_t walked = 0;
-      for (Object* object = shard.lru.oldest;
-           object != nullptr && taken < kPerShard && walked < kMaxWalk;
-           object = object->newer, ++walked) {
-        if (object->lease_until > now) continue;
-        candidates.push_back(Candidate{object->last_access, object->size * object->replica_count, s,
-                                       std::string(object->key())});
-        ++taken;
-      }
-    }
-    if (candidates.empty()) break;
-    std::sort(candidates.begin(), candidates.end(),
-              [](const Candidate& a, const Candidate& b) { return a.tick < b.tick; });
-    size_t evicted_this_round = 0;
-    for (size_t i = 0; i < candidates.size() && i < kPerShard && freed < bytes; ++i) {
-      const Candidate& candidate = candidates[i];
-      Shard& shard = shards_[candidate.shard];
+      size_t taken = 0, walked = 0;
+      uint64_t newest_taken = 0;
       {
         std::lock_guard lock(shard.mu);
-        Object* object = shard.Find(KeyRef(candidate.key));
-        // Re-check: a reader may have leased or touched it since the scan.
-        if (object == nullptr || object->list != ObjectList::kLru ||
-            object->last_access != candidate.tick || object->lease_until > Now()) {
-          continue;
+        for (Object* object = shard.lru.oldest; object != nullptr && taken < k && walked < kMaxWalk;
+             object = object->newer) {
+          ++walked;
+          if (object->Leased(now)) continue;
+          candidates.push_back(
+              Candidate{object->last_access, object->size * object->replica_count});
+          newest_taken = std::max(newest_taken, object->last_access);
+          ++taken;
         }
-        replicas = EraseLocked(shard, object);
+        // The walk stopped early: this shard may hold more evictable objects past those taken.
+        if (taken == k || walked == kMaxWalk) {
+          exact_below = std::min(exact_below, newest_taken);
+        }
       }
-      segments_.Free(replicas);
-      freed += candidate.bytes;
-      ++evicted_this_round;
-      counters_.evictions.fetch_add(1, std::memory_order_relaxed);
-      counters_.evicted_bytes.fetch_add(candidate.bytes, std::memory_order_relaxed);
+      has_candidates[s] = taken > 0;
+      scanned += walked;
     }
-    if (evicted_this_round == 0) {
-      // Everything found was touched in between; scan again unless nothing is left to find.
-      bool any_evictable = false;
-      for (const Candidate& candidate : candidates) {
-        Shard& shard = shards_[candidate.shard];
+    if (candidates.empty()) break;
+
+    // The tick at which the oldest candidates add up to what is still to free.
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Candidate& a, const Candidate& b) { return a.tick < b.tick; });
+    uint64_t threshold = candidates.back().tick;
+    uint64_t sum = 0;
+    for (const Candidate& candidate : candidates) {
+      sum += candidate.bytes;
+      if (freed + sum >= bytes) {
+        threshold = candidate.tick;
+        break;
+      }
+    }
+    // Never past a tick where some shard may hold older objects than those taken; at least the
+    // oldest candidate goes, so that every round makes progress.
+    threshold = std::max(std::min(threshold, exact_below), candidates.front().tick);
+
+    // Pass 2: evict what is at or below the threshold and still evictable.
+    uint64_t freed_this_round = 0;
+    now = Now();
+    for (size_t s = 0; s < shard_count_ && freed + freed_this_round < bytes; ++s) {
+      if (!has_candidates[s]) continue;
+      Shard& shard = shards_[s];
+      replicas.clear();
+      size_t walked = 0;
+      {
         std::lock_guard lock(shard.mu);
-        Object* object = shard.Find(KeyRef(candidate.key));
-        if (object != nullptr && object->list == ObjectList::kLru && object->lease_until <= Now()) {
-          any_evictable = true;
-          break;
+        for (Object* object = shard.lru.oldest;
+             object != nullptr && walked < kMaxWalk && freed + freed_this_round < bytes; ++walked) {
+          Object* next = object->newer;
+          if (object->last_access <= threshold && !object->Leased(now)) {
+            uint64_t object_bytes = object->size * object->replica_count;
+            std::span<const StoredReplica> held = object->replicas();
+            replicas.insert(replicas.end(), held.begin(), held.end());
+            shard.Erase(object);
+            objects_.fetch_sub(1, std::memory_order_relaxed);
+            freed_this_round += object_bytes;
+            ++evicted;
+            counters_.evicted_bytes.fetch_add(object_bytes, std::memory_order_relaxed);
+          }
+          object = next;
         }
       }
-      if (!any_evictable) break;
+      scanned += walked;
+      segments_.Free(replicas);
     }
+    freed += freed_this_round;
+    idle_rounds = freed_this_round == 0 ? idle_rounds + 1 : 0;
   }
-  if (freed > 0) Log().debug("evicted {} bytes (asked {})", freed, bytes);
+  counters_.evictions.fetch_add(evicted, std::memory_order_relaxed);
+  counters_.eviction_runs.fetch_add(1, std::memory_order_relaxed);
+  counters_.eviction_scanned.fetch_add(scanned, std::memory_order_relaxed);
+  eviction_time_.Observe(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count());
+  if (freed > 0) Log().debug("evicted {} bytes in {} objects (asked {})", freed, evicted, bytes);
   return freed;
 }
 
 void MasterState::EvictAboveWatermark() {
   SegmentTable::Usage usage = segments_.usage();
   double capacity = static_cast<double>(usage.capacity);
-  if (usage.capacity == 0 ||
+  if (usage.capacity == 0 || options_.eviction_high_watermark >= 1.0 ||
       static_cast<double>(usage.used) <= capacity * options_.eviction_high_watermark) {
     return;
   }

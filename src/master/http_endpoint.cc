@@ -12,6 +12,25 @@
 
 namespace larder::master {
 
+namespace {
+
+// A Prometheus histogram in seconds: cumulative buckets, +Inf, _sum and _count.
+void Histogram(std::ostringstream& out, const char* name, const char* help,
+               const LatencyHistogram::Snapshot& snapshot) {
+  out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < LatencyHistogram::kBounds.size(); ++i) {
+    cumulative += snapshot.counts[i];
+    out << name << "_bucket{le=\"" << static_cast<double>(LatencyHistogram::kBounds[i]) / 1e9
+        << "\"} " << cumulative << '\n';
+  }
+  out << name << "_bucket{le=\"+Inf\"} " << snapshot.count << '\n'
+      << name << "_sum " << static_cast<double>(snapshot.sum_ns) / 1e9 << '\n'
+      << name << "_count " << snapshot.count << '\n';
+}
+
+}  // namespace
+
 std::string RenderMetrics(const MasterState& state) {
   MasterStats stats = state.Stats();
   std::ostringstream out;
@@ -32,7 +51,34 @@ std::string RenderMetrics(const MasterState& state) {
   metric("larder_evictions_total", "counter", "Objects evicted.", stats.evictions);
   metric("larder_evicted_bytes_total", "counter", "Bytes evicted.", stats.evicted_bytes);
   metric("larder_lease_expiries_total", "counter",
-         "Leases found expired when their object was leased again.", stats.lease_expiries);
+         "Leases never released that ran out at the lease TTL (a reader died or stalled).",
+         stats.lease_expiries);
+  metric("larder_lease_releases_total", "counter", "Leases released by their reader.",
+         stats.lease_releases);
+  metric("larder_lease_releases_unknown_total", "counter",
+         "Releases of leases not held: released before, expired, or from an earlier master.",
+         stats.lease_releases_unknown);
+  metric("larder_lease_releases_refused_total", "counter",
+         "Releases refused because another client holds the lease.", stats.lease_releases_refused);
+  metric("larder_leases_active", "gauge", "Leases granted and neither released nor expired.",
+         stats.leases_active);
+  Histogram(out, "larder_lease_hold_seconds",
+            "How long read leases were held: grant to release, or the TTL when they expired.",
+            state.LeaseHoldTimes());
+  out << "# HELP larder_put_refusals_total Puts refused, by reason: no_space (nothing evictable: "
+         "every object leased, pinned or being written), invalid (key, size, replicas).\n"
+         "# TYPE larder_put_refusals_total counter\n"
+      << "larder_put_refusals_total{reason=\"no_space\"} " << stats.put_refusals_no_space << '\n'
+      << "larder_put_refusals_total{reason=\"invalid\"} " << stats.put_refusals_invalid << '\n';
+  out << "# HELP larder_evictions_per_second Objects evicted per second over the last 10 s.\n"
+         "# TYPE larder_evictions_per_second gauge\nlarder_evictions_per_second "
+      << stats.evictions_per_second << '\n';
+  metric("larder_eviction_runs_total", "counter", "Eviction runs (one per put that needed space).",
+         stats.eviction_runs);
+  metric("larder_eviction_scanned_total", "counter", "Objects examined by eviction runs.",
+         stats.eviction_scanned);
+  Histogram(out, "larder_eviction_seconds", "How long each eviction run took.",
+            state.EvictionTimes());
   metric("larder_put_revokes_total", "counter", "Puts revoked (by the writer or on timeout).",
          stats.put_revokes);
   metric("larder_client_expiries_total", "counter", "Clients expired for missing heartbeats.",

@@ -1,6 +1,6 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// Liveness and cleanup: expired clients, timed-out puts, quarantined ranges.
+// Liveness and cleanup: expired clients and leases, timed-out puts, quarantined ranges.
 
 #include <algorithm>
 
@@ -18,9 +18,20 @@ int64_t ToNanos(std::chrono::milliseconds d) {
 void MasterState::RunMaintenance() {
   int64_t now = Now();
   ExpireClients(now);
+  ExpireLeases(now);
   RevokeTimedOutPuts(now);
   ReleaseQuarantine(now);
   EvictAboveWatermark();
+  SampleRates(now);
+}
+
+void MasterState::SampleRates(int64_t now) {
+  constexpr int64_t kWindow = 10'000'000'000;  // 10 s
+  std::lock_guard lock(rate_mu_);
+  eviction_samples_.emplace_back(now, counters_.evictions.load(std::memory_order_relaxed));
+  while (eviction_samples_.size() > 2 && eviction_samples_.front().first < now - kWindow) {
+    eviction_samples_.pop_front();
+  }
 }
 
 void MasterState::ExpireClients(int64_t now) {
@@ -45,6 +56,15 @@ void MasterState::ExpireClients(int64_t now) {
     Log().warn("client {} silent for over {} ms: expired, {} segment(s) unmounted", client_id,
                options_.client_ttl.count(), segments.size());
   }
+}
+
+// Leases never released: their reader died, stalled or lost the master mid-copy. They count as
+// held for the whole TTL.
+void MasterState::ExpireLeases(int64_t now) {
+  size_t expired = leases_.Expire(now);
+  if (expired == 0) return;
+  counters_.lease_expiries.fetch_add(expired, std::memory_order_relaxed);
+  lease_hold_.Observe(ToNanos(options_.lease_ttl), expired);
 }
 
 void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot) {

@@ -27,7 +27,8 @@ MasterState::MasterState(MasterOptions options)
       incarnation_(RandomU64() | 1),
       shard_count_(std::max<size_t>(options_.shards, 1)),
       shards_(new Shard[shard_count_]),
-      segments_(SegmentIdBase(incarnation_), options_.allocation_alignment, options_.placement) {}
+      segments_(SegmentIdBase(incarnation_), options_.allocation_alignment, options_.placement),
+      leases_(RandomU64()) {}
 
 MasterState::~MasterState() {
   {
@@ -65,24 +66,39 @@ Shard& MasterState::ShardFor(const KeyRef& key) const {
   return shards_[((key.hash >> 32) * shard_count_) >> 32];
 }
 
+MasterState::ClientRecord* MasterState::TouchClientLocked(const std::string& client_id) {
+  auto it = clients_.find(client_id);
+  if (it == clients_.end()) return nullptr;
+  it->second.last_seen = Now();
+  return &it->second;
+}
+
+Status MasterState::UnknownClientError(const std::string& client_id) {
+  return FailedPreconditionError("client '" + client_id +
+                                 "' is not registered with this master (it expired, or the "
+                                 "master restarted); mount its segments again");
+}
+
 Result<MasterState::ClientRecord> MasterState::LookupClient(const std::string& client_id) {
   std::lock_guard lock(clients_mu_);
-  auto it = clients_.find(client_id);
-  if (it == clients_.end()) {
-    return FailedPreconditionError("client '" + client_id +
-                                   "' is not registered with this master (it expired, or the "
-                                   "master restarted); mount its segments again");
-  }
-  it->second.last_seen = Now();
-  return it->second;
+  ClientRecord* client = TouchClientLocked(client_id);
+  if (client == nullptr) return UnknownClientError(client_id);
+  return *client;
+}
+
+Result<uint32_t> MasterState::LookupSlot(const std::string& client_id) {
+  std::lock_guard lock(clients_mu_);
+  ClientRecord* client = TouchClientLocked(client_id);
+  if (client == nullptr) return UnknownClientError(client_id);
+  return client->slot;
 }
 
 Status MasterState::ValidateKey(std::string_view key) const {
   if (key.empty()) return InvalidArgumentError("empty key");
-  if (key.size() > options_.max_key_size) {
+  if (key.size() > std::min(options_.max_key_size, kMaxKeyBytes)) {
     return InvalidArgumentError("key of " + std::to_string(key.size()) +
                                 " bytes exceeds the maximum of " +
-                                std::to_string(options_.max_key_size));
+                                std::to_string(std::min(options_.max_key_size, kMaxKeyBytes)));
   }
   return Status::Ok();
 }
@@ -123,11 +139,11 @@ std::vector<Result<SegmentId>> MasterState::MountSegments(const std::string& cli
 Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& client_id,
                                                          std::span<const SegmentId> segments,
                                                          bool unregister) {
-  LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
+  LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   std::vector<Status> results;
   std::vector<SegmentId> unmounted;
   for (SegmentId id : segments) {
-    results.push_back(segments_.Unmount(id, client.slot));
+    results.push_back(segments_.Unmount(id, slot));
     if (results.back().ok()) unmounted.push_back(id);
   }
   if (unregister) {
@@ -135,12 +151,12 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
       std::lock_guard lock(clients_mu_);
       clients_.erase(client_id);
     }
-    for (SegmentId id : segments_.SegmentsOf(client.slot)) {
-      if (segments_.Unmount(id, client.slot).ok()) unmounted.push_back(id);
+    for (SegmentId id : segments_.SegmentsOf(slot)) {
+      if (segments_.Unmount(id, slot).ok()) unmounted.push_back(id);
     }
     Log().info("client {} left", client_id);
   }
-  if (!unmounted.empty() || unregister) DropSegments(unmounted, unregister ? client.slot : 0);
+  if (!unmounted.empty() || unregister) DropSegments(unmounted, unregister ? slot : 0);
   return results;
 }
 
@@ -170,16 +186,47 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
     }
     return results;
   }
+  MakeRoomForBatch(items, plan.replicas);
+  uint64_t invalid = 0, no_space = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const PutStartItem& item = items[i];
     if (!seen.insert(item.key).second) {
       results[i].status =
           InvalidArgumentError("key '" + std::string(item.key) + "' appears twice in the batch");
-      continue;
+    } else {
+      results[i] = PutStartOne(client, item, plan, options.pin);
     }
-    results[i] = PutStartOne(client, item, plan, options.pin);
+    if (results[i].status.code() == StatusCode::kInvalidArgument) ++invalid;
+    if (results[i].status.code() == StatusCode::kResourceExhausted) ++no_space;
   }
+  if (invalid > 0) counters_.put_refusals_invalid.fetch_add(invalid, std::memory_order_relaxed);
+  if (no_space > 0) counters_.put_refusals_no_space.fetch_add(no_space, std::memory_order_relaxed);
   return results;
+}
+
+void MasterState::MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t replicas) {
+  if (items.size() < 2 || replicas == 0) return;  // PutStartOne evicts for one key as it goes
+  SegmentTable::Usage usage = segments_.usage();
+  uint64_t free = usage.capacity - std::min(usage.used, usage.capacity);
+  // Bytes an item takes; 0 for one that cannot be placed at all (it fails on its own later).
+  auto bytes_of = [&](const PutStartItem& item) -> uint64_t {
+    if (item.size == 0 || item.size > usage.capacity / replicas) return 0;
+    return item.size * replicas;
+  };
+  // Sums saturate: sizes come from the network.
+  auto add = [](uint64_t a, uint64_t b) { return UINT64_MAX - a < b ? UINT64_MAX : a + b; };
+  uint64_t most = 0;
+  for (const PutStartItem& item : items) most = add(most, bytes_of(item));
+  if (most <= free) return;  // fits even if every key is new: no lookups needed
+  uint64_t needed = 0;
+  for (const PutStartItem& item : items) {
+    if (!ValidateKey(item.key).ok() || bytes_of(item) == 0) continue;
+    const KeyRef ref(item.key);
+    Shard& shard = ShardFor(ref);
+    std::lock_guard lock(shard.mu);
+    if (shard.Find(ref) == nullptr) needed = add(needed, bytes_of(item));
+  }
+  if (needed > free) EvictForPut(std::min(needed - free, usage.capacity));
 }
 
 PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutStartItem& item,
@@ -195,8 +242,8 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
   }
   const KeyRef ref(item.key);
   Shard& shard = ShardFor(ref);
-  // Without space, evict and retry while eviction frees something. Each round evicts at least
-  // what this object needs, and at least eviction_ratio of the pool so rounds stay rare.
+  // Without space, evict and retry while eviction frees something. Each round evicts what this
+  // object needs and a little more (eviction_slack), so that the pool stays full.
   for (int round = 0;; ++round) {
     {
       std::lock_guard lock(shard.mu);
@@ -233,11 +280,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
         return outcome;
       }
     }
-    SegmentTable::Usage usage = segments_.usage();
-    uint64_t want = std::max<uint64_t>(
-        item.size * plan.replicas,
-        static_cast<uint64_t>(static_cast<double>(usage.capacity) * options_.eviction_ratio));
-    if (Evict(want) == 0) {
+    if (EvictForPut(item.size * plan.replicas) == 0) {
       outcome.status = ResourceExhaustedError(
           "no space for key '" + std::string(item.key) + "' (" + std::to_string(item.size) +
           " bytes) and nothing is evictable: every object is leased, pinned or being written");
@@ -248,7 +291,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
 
 Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_id,
                                                      std::span<const std::string_view> keys) {
-  LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
+  LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   std::vector<Status> results(keys.size());
   uint64_t tick = tick_.fetch_add(keys.size());
   uint64_t ended = 0;
@@ -262,7 +305,7 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
                                  "' (revoked, timed out, or its segments were lost)");
       continue;
     }
-    if (object->writer != client.slot) {
+    if (object->writer != slot) {
       results[i] =
           FailedPreconditionError("key '" + std::string(ref.key) + "' is not a put of this client");
       continue;
@@ -280,7 +323,7 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
 
 Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& client_id,
                                                         std::span<const std::string_view> keys) {
-  LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
+  LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   std::vector<Status> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
@@ -293,7 +336,7 @@ Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& clien
         results[i] = NotFoundError("no put in progress for key '" + std::string(ref.key) + "'");
         continue;
       }
-      if (object->state != ObjectState::kProcessing || object->writer != client.slot) {
+      if (object->state != ObjectState::kProcessing || object->writer != slot) {
         results[i] = FailedPreconditionError("key '" + std::string(ref.key) +
                                              "' is not a put of this client");
         continue;
@@ -307,19 +350,25 @@ Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& clien
   return results;
 }
 
-Result<std::vector<GetOutcome>> MasterState::BatchGetReplicas(
-    const std::string& client_id, std::span<const std::string_view> keys) {
-  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
-  std::vector<GetOutcome> results(keys.size());
+Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
+                                               std::span<const std::string_view> keys, GetMode mode,
+                                               std::span<const uint64_t> release) {
+  LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
+  if (!release.empty()) ReleaseLeasesOf(slot, client_id, release, nullptr);
+  GetBatch batch;
+  batch.items.resize(keys.size());
+  const bool lease = mode == GetMode::kLease;
+  std::vector<Object*> leased;
+  if (lease) leased.reserve(keys.size());
   int64_t now = Now();
   int64_t lease_until = now + ToNanos(options_.lease_ttl);
   // One tick range and one update of each shared counter per batch, not per key: these atomics
   // are shared by every RPC thread.
-  uint64_t tick = tick_.fetch_add(keys.size());
-  uint64_t hits = 0, misses = 0, expiries = 0;
+  uint64_t tick = lease ? tick_.fetch_add(keys.size()) : 0;
+  uint64_t hits = 0, misses = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
-    GetOutcome& outcome = results[i];
+    GetOutcome& outcome = batch.items[i];
     Shard& shard = ShardFor(ref);
     std::lock_guard lock(shard.mu);
     Object* object = shard.Find(ref);
@@ -334,25 +383,72 @@ Result<std::vector<GetOutcome>> MasterState::BatchGetReplicas(
       ++misses;
       continue;
     }
-    if (object->lease_until != 0 && object->lease_until < now) ++expiries;
-    object->lease_until = lease_until;
-    shard.LruTouch(object, tick + i + 1);
+    if (lease) {
+      object->lease_until = lease_until;
+      object->AddReader();
+      leased.push_back(object);
+      shard.LruTouch(object, tick + i + 1);
+    }
     outcome.size = object->size;
-    outcome.lease = options_.lease_ttl;
     for (const StoredReplica& replica : object->replicas()) {
       outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
     }
     ++hits;
   }
-  counters_.gets.fetch_add(hits, std::memory_order_relaxed);
-  counters_.get_misses.fetch_add(misses, std::memory_order_relaxed);
-  counters_.lease_expiries.fetch_add(expiries, std::memory_order_relaxed);
+  if (!leased.empty()) {
+    batch.lease_id = leases_.Grant(slot, now, lease_until, std::move(leased));
+    batch.lease_ttl = options_.lease_ttl;
+  }
+  if (lease) {
+    counters_.gets.fetch_add(hits, std::memory_order_relaxed);
+    counters_.get_misses.fetch_add(misses, std::memory_order_relaxed);
+  }
+  return batch;
+}
+
+Result<std::vector<Status>> MasterState::ReleaseLeases(const std::string& client_id,
+                                                       std::span<const uint64_t> lease_ids) {
+  LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
+  std::vector<Status> results(lease_ids.size());
+  ReleaseLeasesOf(slot, client_id, lease_ids, &results);
   return results;
+}
+
+void MasterState::ReleaseLeasesOf(uint32_t slot, const std::string& client_id,
+                                  std::span<const uint64_t> lease_ids,
+                                  std::vector<Status>* results) {
+  int64_t now = Now();
+  uint64_t released = 0, unknown = 0, refused = 0;
+  for (size_t i = 0; i < lease_ids.size(); ++i) {
+    int64_t held = 0;
+    switch (leases_.Release(lease_ids[i], slot, now, &held)) {
+      case LeaseTable::ReleaseOutcome::kReleased:
+        lease_hold_.Observe(held);
+        ++released;
+        break;
+      case LeaseTable::ReleaseOutcome::kUnknown:
+        ++unknown;
+        break;
+      case LeaseTable::ReleaseOutcome::kRefused:
+        if (results != nullptr) {
+          (*results)[i] = PermissionDeniedError("lease " + std::to_string(lease_ids[i]) +
+                                                " is held by another client; not released");
+        }
+        ++refused;
+        break;
+    }
+  }
+  counters_.lease_releases.fetch_add(released, std::memory_order_relaxed);
+  counters_.lease_releases_unknown.fetch_add(unknown, std::memory_order_relaxed);
+  if (refused > 0) {
+    counters_.lease_releases_refused.fetch_add(refused, std::memory_order_relaxed);
+    Log().warn("client {} tried to release {} lease(s) of another client", client_id, refused);
+  }
 }
 
 Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id,
                                                     std::span<const std::string_view> keys) {
-  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
+  LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   std::vector<Status> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
@@ -368,7 +464,7 @@ Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id
 
 Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_id,
                                                      std::span<const std::string_view> keys) {
-  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
+  LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   std::vector<Status> results(keys.size());
   int64_t now = Now();
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -387,7 +483,7 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
             UnavailableError("key '" + std::string(ref.key) + "' is being written; retry later");
         continue;
       }
-      if (object->lease_until > now) {
+      if (object->Leased(now)) {
         results[i] = UnavailableError(
             "key '" + std::string(ref.key) + "' is leased to a reader for another " +
             std::to_string((object->lease_until - now) / 1000000 + 1) + " ms; retry later");
@@ -402,7 +498,7 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
 }
 
 Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
-  LARDER_RETURN_IF_ERROR(LookupClient(client_id).status());
+  LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   RemoveAllOutcome outcome;
   int64_t now = Now();
   for (size_t s = 0; s < shard_count_; ++s) {
@@ -412,7 +508,7 @@ Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
       std::lock_guard lock(shard.mu);
       size_t removed = shard.EraseIf([&](const Object* object) {
         if (object->state != ObjectState::kComplete) return false;
-        if (object->lease_until > now) {
+        if (object->Leased(now)) {
           ++outcome.skipped_leased;
           return false;
         }
@@ -477,6 +573,25 @@ MasterStats MasterState::Stats() const {
   stats.evictions = counters_.evictions.load();
   stats.evicted_bytes = counters_.evicted_bytes.load();
   stats.lease_expiries = counters_.lease_expiries.load();
+  stats.lease_releases = counters_.lease_releases.load();
+  stats.lease_releases_unknown = counters_.lease_releases_unknown.load();
+  stats.lease_releases_refused = counters_.lease_releases_refused.load();
+  stats.leases_active = leases_.size();
+  stats.put_refusals_no_space = counters_.put_refusals_no_space.load();
+  stats.put_refusals_invalid = counters_.put_refusals_invalid.load();
+  stats.eviction_runs = counters_.eviction_runs.load();
+  stats.eviction_scanned = counters_.eviction_scanned.load();
+  {
+    std::lock_guard lock(rate_mu_);
+    if (eviction_samples_.size() >= 2) {
+      const auto& [first_at, first] = eviction_samples_.front();
+      const auto& [last_at, last] = eviction_samples_.back();
+      if (last_at > first_at) {
+        stats.evictions_per_second =
+            static_cast<double>(last - first) * 1e9 / static_cast<double>(last_at - first_at);
+      }
+    }
+  }
   stats.put_revokes = counters_.put_revokes.load();
   stats.client_expiries = counters_.client_expiries.load();
   stats.incarnation = incarnation_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "larder/status.h"
+#include "master/leases.h"
 #include "master/object_shards.h"
 #include "master/segment_table.h"
 #include "master/types.h"
@@ -82,10 +83,20 @@ class MasterState {
   // still be copying). Per item: NotFound, FailedPrecondition as for PutEnd.
   Result<std::vector<Status>> BatchPutRevoke(const std::string& client_id,
                                              std::span<const std::string_view> keys);
-  // Replicas of complete objects, each granted a lease of options.lease_ttl. Per item: NotFound
-  // (unknown key), Unavailable (still being written).
-  Result<std::vector<GetOutcome>> BatchGetReplicas(const std::string& client_id,
-                                                   std::span<const std::string_view> keys);
+  // Replicas of complete objects. With kLease, every object found is leased to this client under
+  // one lease id until ReleaseLeases or options.lease_ttl, whichever comes first, and counts as a
+  // use. Per item: NotFound (unknown key), Unavailable (still being written).
+  // `release`: leases of this client to end first, as ReleaseLeases does (a client's release
+  // riding on its next get), with no result of their own.
+  Result<GetBatch> BatchGetReplicas(const std::string& client_id,
+                                    std::span<const std::string_view> keys,
+                                    GetMode mode = GetMode::kLease,
+                                    std::span<const uint64_t> release = {});
+  // Ends leases of this client. Per item: OK (released, or nothing to release: an id never
+  // granted by this master, released before, or expired), PermissionDenied (another client's
+  // lease, which stays in place).
+  Result<std::vector<Status>> ReleaseLeases(const std::string& client_id,
+                                            std::span<const uint64_t> lease_ids);
   // OK when the object is complete, NotFound otherwise. Leases and LRU order are left alone.
   Result<std::vector<Status>> BatchExist(const std::string& client_id,
                                          std::span<const std::string_view> keys);
@@ -102,14 +113,21 @@ class MasterState {
   std::vector<std::pair<std::string, uint64_t>> ListKeys(std::string_view prefix,
                                                          size_t limit) const;
   MasterStats Stats() const;
+  // How long leases were held: from grant to release, or the TTL for those that expired.
+  LatencyHistogram::Snapshot LeaseHoldTimes() const { return lease_hold_.Read(); }
+  // How long each eviction run took.
+  LatencyHistogram::Snapshot EvictionTimes() const { return eviction_time_.Read(); }
 
-  // One sweep: expire silent clients, revoke timed-out puts, release quarantined ranges, and
-  // evict down from the high watermark. The sweeper calls it; tests call it with a fake clock.
+  // One sweep: expire silent clients and unreleased leases past their TTL, revoke timed-out puts,
+  // release quarantined ranges, and evict down from the high watermark (when one is set). The
+  // sweeper calls it; tests call it with a fake clock.
   void RunMaintenance();
 
   // Evicts least-recently-used objects (never leased, pinned or incomplete ones) until `bytes`
   // are freed or nothing is evictable. Returns the bytes freed.
   uint64_t Evict(uint64_t bytes);
+  // Evictions that a put needs: `bytes` plus options.eviction_slack of the capacity.
+  uint64_t EvictForPut(uint64_t bytes);
 
  private:
   struct ClientRecord {
@@ -124,16 +142,29 @@ class MasterState {
 
   int64_t Now() const;
   Shard& ShardFor(const KeyRef& key) const;
+  // The client's record, marked as seen now; nullptr when the master does not know it.
+  // REQUIRES: clients_mu_ held.
+  ClientRecord* TouchClientLocked(const std::string& client_id);
+  static Status UnknownClientError(const std::string& client_id);
   Result<ClientRecord> LookupClient(const std::string& client_id);
+  // As LookupClient, without copying the record: the client's slot.
+  Result<uint32_t> LookupSlot(const std::string& client_id);
+  // Ends the leases; fills (*results)[i] for refused ones when results is not null.
+  void ReleaseLeasesOf(uint32_t slot, const std::string& client_id,
+                       std::span<const uint64_t> lease_ids, std::vector<Status>* results);
   Status ValidateKey(std::string_view key) const;
   PutStartOutcome PutStartOne(const ClientRecord& client, const PutStartItem& item,
                               const SegmentTable::Plan& plan, bool pin);
+  // Before a batch of puts into a nearly full pool: evicts at once what its new keys need beyond
+  // the free space, rather than once per key.
+  void MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t replicas);
   // Removes the object from the shard (and its list); returns the replicas to free.
   std::vector<StoredReplica> EraseLocked(Shard& shard, Object* object);
   void Quarantine(std::vector<StoredReplica> replicas);
   // Drops replicas on `segments` everywhere; revokes the puts of `writer_slot` (if non-zero).
   void DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot);
   void ExpireClients(int64_t now);
+  void ExpireLeases(int64_t now);
   void RevokeTimedOutPuts(int64_t now);
   void ReleaseQuarantine(int64_t now);
   void EvictAboveWatermark();
@@ -154,13 +185,25 @@ class MasterState {
 
   std::mutex evict_mu_;  // one evictor at a time, so two never pick the same victims
 
+  // Declared after shards_, so destroyed before them: its leases end while their objects exist.
+  LeaseTable leases_;
+  LatencyHistogram lease_hold_;
+  LatencyHistogram eviction_time_;
+
   std::atomic<uint64_t> tick_{0};
   std::atomic<uint64_t> objects_{0};
   struct Counters {
     std::atomic<uint64_t> puts{0}, gets{0}, get_misses{0}, removes{0}, evictions{0},
-        evicted_bytes{0}, lease_expiries{0}, put_revokes{0}, client_expiries{0};
+        evicted_bytes{0}, lease_expiries{0}, lease_releases{0}, lease_releases_unknown{0},
+        lease_releases_refused{0}, put_refusals_no_space{0}, put_refusals_invalid{0},
+        eviction_runs{0}, eviction_scanned{0}, put_revokes{0}, client_expiries{0};
   };
   mutable Counters counters_;
+
+  // (master clock, evictions so far), one sample per sweep over the last kRateWindow.
+  mutable std::mutex rate_mu_;
+  std::deque<std::pair<int64_t, uint64_t>> eviction_samples_;  // guarded by rate_mu_
+  void SampleRates(int64_t now);
 
   std::mutex sweeper_mu_;
   std::condition_variable sweeper_cv_;

@@ -14,9 +14,11 @@ using std::chrono::milliseconds;
 
 class MasterStateTest : public ::testing::Test {
  protected:
-  MasterStateTest() : state_(MakeOptions()) {}
+  MasterStateTest() : MasterStateTest([](MasterOptions&) {}) {}
+  explicit MasterStateTest(const std::function<void(MasterOptions&)>& tweak)
+      : state_(MakeOptions(tweak)) {}
 
-  MasterOptions MakeOptions() {
+  MasterOptions MakeOptions(const std::function<void(MasterOptions&)>& tweak) {
     MasterOptions options;
     options.clock = [this] { return now_; };
     options.lease_ttl = milliseconds(1000);
@@ -24,6 +26,7 @@ class MasterStateTest : public ::testing::Test {
     options.put_timeout = milliseconds(3000);
     options.max_key_size = 64;
     options.shards = 8;
+    tweak(options);
     return options;
   }
 
@@ -63,14 +66,27 @@ class MasterStateTest : public ::testing::Test {
     if (!start.status.ok() || start.already_exists) return start.status;
     return PutEnd(client, key);
   }
-  GetOutcome Get(const std::string& client, std::string_view key) {
-    auto results = state_.BatchGetReplicas(client, std::span(&key, 1));
-    if (!results.ok()) {
+  // A get of one key, and its lease id (0: none).
+  GetOutcome Get(const std::string& client, std::string_view key, uint64_t* lease_id = nullptr,
+                 GetMode mode = GetMode::kLease) {
+    auto batch = state_.BatchGetReplicas(client, std::span(&key, 1), mode);
+    if (lease_id != nullptr) *lease_id = batch.ok() ? batch->lease_id : 0;
+    if (!batch.ok()) {
       GetOutcome failed;
-      failed.status = results.status();
+      failed.status = batch.status();
       return failed;
     }
-    return (*results)[0];
+    return batch->items[0];
+  }
+  uint64_t Lease(const std::string& client, std::string_view key) {
+    uint64_t lease_id = 0;
+    GetOutcome got = Get(client, key, &lease_id);
+    EXPECT_TRUE(got.status.ok()) << got.status;
+    EXPECT_NE(lease_id, 0u);
+    return lease_id;
+  }
+  Status Release(const std::string& client, uint64_t lease_id) {
+    return One(state_.ReleaseLeases(client, std::span(&lease_id, 1)));
   }
   Status Exist(const std::string& client, std::string_view key) {
     return One(state_.BatchExist(client, std::span(&key, 1)));
@@ -93,12 +109,16 @@ TEST_F(MasterStateTest, PutThenGetReturnsTheSameReplica) {
   EXPECT_EQ(Exist("a", "k1").code(), StatusCode::kNotFound);  // not readable before PutEnd
   EXPECT_EQ(Get("a", "k1").status.code(), StatusCode::kUnavailable);
   ASSERT_TRUE(PutEnd("a", "k1").ok());
-  GetOutcome got = Get("a", "k1");
+  std::string_view key = "k1";
+  auto batch = state_.BatchGetReplicas("a", std::span(&key, 1));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const GetOutcome& got = batch->items[0];
   ASSERT_TRUE(got.status.ok()) << got.status;
   EXPECT_EQ(got.size, 4096u);
   ASSERT_EQ(got.replicas.size(), 1u);
   EXPECT_EQ(got.replicas[0].offset, start.replicas[0].offset);
-  EXPECT_EQ(got.lease, milliseconds(1000));
+  EXPECT_NE(batch->lease_id, 0u);
+  EXPECT_EQ(batch->lease_ttl, milliseconds(1000));
   EXPECT_TRUE(Exist("a", "k1").ok());
 }
 
@@ -232,7 +252,21 @@ TEST_F(MasterStateTest, EvictionNeverTouchesLeasedOrPinnedObjects) {
   }
 }
 
-TEST_F(MasterStateTest, MaintenanceEvictsFromTheHighWatermark) {
+TEST_F(MasterStateTest, NoBackgroundEvictionByDefault) {
+  Mount("a", "seg-a", 100 * 4096);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  Advance(milliseconds(2000));
+  state_.RunMaintenance();
+  EXPECT_EQ(state_.Stats().objects, 100u);  // a full pool is what the operator sized it for
+}
+
+class WatermarkTest : public MasterStateTest {
+ protected:
+  WatermarkTest()
+      : MasterStateTest([](MasterOptions& options) { options.eviction_high_watermark = 0.95; }) {}
+};
+
+TEST_F(WatermarkTest, MaintenanceEvictsFromTheHighWatermark) {
   Mount("a", "seg-a", 100 * 4096);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
   Advance(milliseconds(2000));
@@ -338,6 +372,299 @@ TEST_F(MasterStateTest, LeavingClientIsForgottenWithItsSegmentsAndPuts) {
   EXPECT_TRUE(state_.Heartbeat("a").remount_required);
 }
 
+// ---- leases ----
+
+TEST_F(MasterStateTest, ReleasedLeaseFreesTheObjectAtOnce) {
+  Mount("a", "seg-a", 1 << 20);
+  ASSERT_TRUE(Put("a", "k", 100).ok());
+  uint64_t lease = Lease("a", "k");
+  EXPECT_EQ(Remove("a", "k").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(state_.Stats().leases_active, 1u);
+  Advance(milliseconds(3));
+  EXPECT_TRUE(Release("a", lease).ok());
+  EXPECT_TRUE(Remove("a", "k").ok());  // long before the TTL
+  MasterStats stats = state_.Stats();
+  EXPECT_EQ(stats.lease_releases, 1u);
+  EXPECT_EQ(stats.leases_active, 0u);
+  LatencyHistogram::Snapshot held = state_.LeaseHoldTimes();
+  EXPECT_EQ(held.count, 1u);
+  EXPECT_EQ(held.sum_ns, 3'000'000);
+}
+
+TEST_F(MasterStateTest, EveryReaderMustReleaseBeforeTheObjectIsFree) {
+  Mount("a", "seg-a", 1 << 20);
+  Mount("b", "seg-b", 1 << 20);
+  ASSERT_TRUE(Put("a", "k", 100).ok());
+  uint64_t first = Lease("a", "k");
+  uint64_t second = Lease("a", "k");  // the same client reading twice at once
+  uint64_t third = Lease("b", "k");
+  EXPECT_NE(first, second);
+  EXPECT_TRUE(Release("a", first).ok());
+  EXPECT_EQ(Remove("a", "k").code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Release("b", third).ok());
+  EXPECT_EQ(Remove("a", "k").code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Release("a", second).ok());
+  EXPECT_TRUE(Remove("a", "k").ok());
+}
+
+TEST_F(MasterStateTest, ReleaseIsIdempotentAndHarmlessWhenThereIsNothingToRelease) {
+  Mount("a", "seg-a", 1 << 20);
+  ASSERT_TRUE(Put("a", "k", 100).ok());
+  ASSERT_TRUE(Put("a", "other", 100).ok());
+  uint64_t lease = Lease("a", "k");
+  EXPECT_TRUE(Release("a", lease).ok());
+  EXPECT_TRUE(Release("a", lease).ok());  // twice
+  EXPECT_TRUE(Release("a", 12345).ok());  // never granted
+  EXPECT_TRUE(Release("a", 0).ok());
+  // A second release must not free a lease another get holds.
+  uint64_t held = Lease("a", "k");
+  EXPECT_TRUE(Release("a", lease).ok());
+  EXPECT_EQ(Remove("a", "k").code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Release("a", held).ok());
+  // An empty batch and an unknown client.
+  EXPECT_TRUE(state_.ReleaseLeases("a", {}).ok());
+  EXPECT_EQ(state_.ReleaseLeases("ghost", std::span(&held, 1)).status().code(),
+            StatusCode::kFailedPrecondition);
+  MasterStats stats = state_.Stats();
+  EXPECT_EQ(stats.lease_releases, 2u);
+  EXPECT_EQ(stats.lease_releases_unknown, 4u);
+  EXPECT_TRUE(Exist("a", "other").ok());
+}
+
+TEST_F(MasterStateTest, OnlyTheReaderThatTookALeaseCanReleaseIt) {
+  Mount("a", "seg-a", 1 << 20);
+  Mount("b", "seg-b", 1 << 20);
+  ASSERT_TRUE(Put("a", "k", 100).ok());
+  uint64_t lease = Lease("a", "k");
+  Status refused = Release("b", lease);
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied) << refused;
+  EXPECT_EQ(state_.Stats().lease_releases_refused, 1u);
+  EXPECT_EQ(Remove("b", "k").code(), StatusCode::kUnavailable);  // still leased
+  EXPECT_TRUE(Release("a", lease).ok());
+  EXPECT_TRUE(Remove("b", "k").ok());
+}
+
+TEST_F(MasterStateTest, UnreleasedLeaseEndsAtItsTtl) {
+  Mount("a", "seg-a", 1 << 20);
+  ASSERT_TRUE(Put("a", "k", 100).ok());
+  uint64_t lease = Lease("a", "k");  // a reader that dies before it releases
+  Advance(milliseconds(999));
+  state_.RunMaintenance();
+  EXPECT_EQ(Remove("a", "k").code(), StatusCode::kUnavailable);
+  Advance(milliseconds(2));
+  state_.RunMaintenance();
+  MasterStats stats = state_.Stats();
+  EXPECT_EQ(stats.lease_expiries, 1u);
+  EXPECT_EQ(stats.leases_active, 0u);
+  EXPECT_EQ(state_.LeaseHoldTimes().count, 1u);  // counted as held for the whole TTL
+  EXPECT_TRUE(Release("a", lease).ok());         // a late release is harmless
+  EXPECT_EQ(state_.Stats().lease_releases_unknown, 1u);
+  EXPECT_TRUE(Remove("a", "k").ok());
+}
+
+TEST_F(MasterStateTest, ReleaseAfterTheObjectWentIsHarmless) {
+  SegmentId segment = Mount("a", "seg-a", 1 << 20);
+  Mount("b", "seg-b", 1 << 20);
+  PutOptions on_a;
+  on_a.preferred_segments = {"seg-a"};
+  ASSERT_TRUE(Put("a", "expired", 100).ok());
+  ASSERT_TRUE(Put("a", "dropped", 100, on_a).ok());
+  uint64_t expired = Lease("b", "expired");
+  uint64_t dropped = Lease("b", "dropped");
+  // Its lease ran out (the sweeper has not run yet), then it was removed.
+  Advance(milliseconds(1001));
+  state_.Heartbeat("b");
+  EXPECT_TRUE(Remove("a", "expired").ok());
+  // Its segment left while a reader held it.
+  ASSERT_TRUE(state_.UnmountSegments("a", std::span(&segment, 1)).ok());
+  EXPECT_EQ(Exist("b", "dropped").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Release("b", expired).ok());
+  EXPECT_TRUE(Release("b", dropped).ok());
+  EXPECT_EQ(state_.Stats().lease_releases, 2u);
+  // The key can be stored again; the old lease has no hold on the new object.
+  ASSERT_TRUE(Put("b", "expired", 100).ok());
+  EXPECT_TRUE(Release("b", expired).ok());
+  EXPECT_TRUE(Remove("b", "expired").ok());
+}
+
+TEST_F(MasterStateTest, LeaseFromAnEarlierMasterIsUnknownToANewOne) {
+  Mount("a", "seg-a", 1 << 20);
+  ASSERT_TRUE(Put("a", "k", 100).ok());
+  uint64_t lease = Lease("a", "k");
+  MasterState restarted(MakeOptions([](MasterOptions&) {}));
+  SegmentMount mount{"seg-a", 0x100000, 1 << 20, "{}"};
+  ASSERT_TRUE(restarted.MountSegments("a", "host-a", std::span(&mount, 1))[0].ok());
+  auto released = restarted.ReleaseLeases("a", std::span(&lease, 1));
+  ASSERT_TRUE(released.ok());
+  EXPECT_TRUE((*released)[0].ok());
+  EXPECT_EQ(restarted.Stats().lease_releases_unknown, 1u);
+}
+
+TEST_F(MasterStateTest, SizeAndExistTakeNoLease) {
+  Mount("a", "seg-a", 1 << 20);
+  ASSERT_TRUE(Put("a", "k", 100).ok());
+  uint64_t lease = 1;
+  GetOutcome peek = Get("a", "k", &lease, GetMode::kPeek);
+  ASSERT_TRUE(peek.status.ok());
+  EXPECT_EQ(peek.size, 100u);
+  EXPECT_EQ(lease, 0u);
+  EXPECT_TRUE(Exist("a", "k").ok());
+  EXPECT_EQ(state_.Stats().leases_active, 0u);
+  EXPECT_EQ(state_.Stats().gets, 0u);
+  EXPECT_TRUE(Remove("a", "k").ok());
+}
+
+TEST_F(MasterStateTest, BatchGetTakesOneLeaseForEveryObjectFound) {
+  Mount("a", "seg-a", 1 << 20);
+  ASSERT_TRUE(Put("a", "x", 100).ok());
+  ASSERT_TRUE(Put("a", "y", 100).ok());
+  std::vector<std::string_view> keys = {"x", "missing", "y", "x"};
+  auto batch = state_.BatchGetReplicas("a", keys);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(batch->items[1].status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(state_.Stats().leases_active, 1u);
+  EXPECT_EQ(Remove("a", "x").code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Release("a", batch->lease_id).ok());
+  EXPECT_TRUE(Remove("a", "x").ok());
+  EXPECT_TRUE(Remove("a", "y").ok());
+  // Nothing found: nothing leased.
+  std::string_view none = "missing";
+  auto empty = state_.BatchGetReplicas("a", std::span(&none, 1));
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->lease_id, 0u);
+}
+
+// ---- eviction keeps the pool full ----
+
+class ExactEvictionTest : public MasterStateTest {
+ protected:
+  ExactEvictionTest()
+      : MasterStateTest([](MasterOptions& options) { options.eviction_slack = 0; }) {}
+};
+
+TEST_F(ExactEvictionTest, APutEvictsOnlyWhatItNeeds) {
+  Mount("a", "seg-a", 200 * 4096);
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  for (int i = 200; i < 260; ++i) {
+    ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+    ASSERT_EQ(state_.Stats().objects, 200u) << "after put " << i;
+  }
+  // Exactly the 60 oldest went, in LRU order.
+  for (int i = 0; i < 60; ++i) EXPECT_FALSE(Exist("a", "k" + std::to_string(i)).ok()) << i;
+  for (int i = 60; i < 260; ++i) EXPECT_TRUE(Exist("a", "k" + std::to_string(i)).ok()) << i;
+  EXPECT_EQ(state_.Stats().evictions, 60u);
+  EXPECT_EQ(state_.Stats().bytes_used, 200u * 4096);
+}
+
+TEST_F(ExactEvictionTest, LeastRecentlyUsedAcrossShardsWithMixedSizes) {
+  Mount("a", "seg-a", 64 * 8192);
+  // Alternate sizes so that bytes, not counts, decide; read every third key to reorder.
+  uint64_t used = 0;
+  int stored = 0;
+  while (used + 8192 <= 64 * 8192) {
+    uint64_t size = stored % 2 == 0 ? 4096 : 8192;
+    ASSERT_TRUE(Put("a", "k" + std::to_string(stored), size).ok());
+    used += size;
+    ++stored;
+  }
+  std::vector<uint64_t> leases;
+  for (int i = 0; i < stored; i += 3) leases.push_back(Lease("a", "k" + std::to_string(i)));
+  ASSERT_TRUE(state_.ReleaseLeases("a", leases).ok());
+  ASSERT_LT(64 * 8192 - used, 8192u);
+  ASSERT_TRUE(Put("a", "new", 8192).ok());
+  // The least recently used object is k1 (k0 was read since), and its 8 KiB are what the put
+  // needs: it alone goes.
+  for (int i = 0; i < stored; ++i) {
+    EXPECT_EQ(Exist("a", "k" + std::to_string(i)).ok(), i != 1) << i;
+  }
+  EXPECT_EQ(state_.Stats().evictions, 1u);
+  // Next come k2 and k4: 4 KiB each, 8 KiB together but not adjacent, so the put evicts again,
+  // and takes the place of k5 (8 KiB). k7, the next unread one, stays.
+  ASSERT_TRUE(Put("a", "newer", 8192).ok());
+  for (const char* gone : {"k2", "k4", "k5"}) EXPECT_FALSE(Exist("a", gone).ok()) << gone;
+  for (const char* kept : {"k0", "k3", "k7", "k8", "new", "newer"}) {
+    EXPECT_TRUE(Exist("a", kept).ok()) << kept;
+  }
+  EXPECT_EQ(state_.Stats().evictions, 4u);
+}
+
+TEST_F(ExactEvictionTest, ABatchPutIntoAFullPoolEvictsOnceForTheBatch) {
+  Mount("a", "seg-a", 100 * 4096);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  uint64_t runs = state_.Stats().eviction_runs;
+  std::vector<std::string> names;
+  for (int i = 0; i < 10; ++i) names.push_back("new" + std::to_string(i));
+  names.push_back("k99");  // already stored: needs no space
+  std::vector<PutStartItem> items;
+  for (const std::string& name : names) items.push_back(PutStartItem{name, 4096});
+  auto started = state_.BatchPutStart("a", items, {});
+  ASSERT_TRUE(started.ok());
+  for (const PutStartOutcome& outcome : *started) ASSERT_TRUE(outcome.status.ok());
+  EXPECT_TRUE((*started)[10].already_exists);
+  EXPECT_EQ(state_.Stats().eviction_runs, runs + 1);
+  EXPECT_EQ(state_.Stats().evictions, 10u);
+  EXPECT_TRUE(Exist("a", "k10").ok());
+  EXPECT_FALSE(Exist("a", "k9").ok());
+}
+
+TEST_F(ExactEvictionTest, AnOversizeItemInABatchEvictsNothingForItself) {
+  Mount("a", "seg-a", 100 * 4096);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  std::vector<PutStartItem> items = {
+      {"huge", uint64_t{1} << 63}, {"x", 4096}, {"wraps", UINT64_MAX / 2 + 2}, {"y", 4096}};
+  auto started = state_.BatchPutStart("a", items, {});
+  ASSERT_TRUE(started.ok());
+  EXPECT_EQ((*started)[0].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*started)[1].status.ok());
+  EXPECT_EQ((*started)[2].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*started)[3].status.ok());
+  EXPECT_EQ(state_.Stats().evictions, 2u);  // for x and y only
+  EXPECT_EQ(state_.Stats().put_refusals_invalid, 2u);
+}
+
+TEST_F(MasterStateTest, ThePoolStaysFullWithTheDefaultSlack) {
+  Mount("a", "seg-a", 2000 * 4096);
+  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  MasterStats stats = state_.Stats();
+  // 0.1% of 2000 pages is 2 pages: each eviction frees the page needed and 2 more.
+  EXPECT_GE(stats.objects, 1997u);
+  EXPECT_LE(stats.objects, 2000u);
+  EXPECT_EQ(stats.put_refusals_no_space, 0u);
+  EXPECT_LT(stats.eviction_runs, 1000u);  // the slack spares most puts a run of their own
+  EXPECT_TRUE(Exist("a", "k2999").ok());
+  EXPECT_FALSE(Exist("a", "k999").ok());
+}
+
+TEST_F(MasterStateTest, RefusedPutsAreCountedByReason) {
+  Mount("a", "seg-a", 2 * 4096);
+  ASSERT_TRUE(Put("a", "x", 4096).ok());
+  ASSERT_TRUE(Put("a", "y", 4096).ok());
+  Lease("a", "x");
+  Lease("a", "y");
+  EXPECT_EQ(PutStart("a", "z", 4096).status.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(PutStart("a", "", 4096).status.code(), StatusCode::kInvalidArgument);
+  MasterStats stats = state_.Stats();
+  EXPECT_EQ(stats.put_refusals_no_space, 1u);
+  EXPECT_EQ(stats.put_refusals_invalid, 1u);
+}
+
+TEST(LatencyHistogramTest, QuantilesInterpolateInsideBuckets) {
+  LatencyHistogram histogram;
+  EXPECT_EQ(histogram.Read().Quantile(0.5), 0);
+  for (int i = 0; i < 90; ++i) histogram.Observe(150'000);    // (100 us, 250 us]
+  for (int i = 0; i < 10; ++i) histogram.Observe(4'000'000);  // (2.5 ms, 5 ms]
+  LatencyHistogram::Snapshot snapshot = histogram.Read();
+  EXPECT_EQ(snapshot.count, 100u);
+  double p50 = snapshot.Quantile(0.5);
+  EXPECT_GT(p50, 100'000);
+  EXPECT_LE(p50, 250'000);
+  double p99 = snapshot.Quantile(0.99);
+  EXPECT_GT(p99, 2'500'000);
+  EXPECT_LE(p99, 5'000'000);
+  histogram.Observe(int64_t{1} << 50, 3);  // past the last bound
+  EXPECT_EQ(histogram.Read().Quantile(1.0), LatencyHistogram::kBounds.back());
+}
+
 // Threads put, get, remove and evict at once; the allocator and shards must stay consistent
 // (ASan/UBSan catch misuse) and no two live objects may share bytes.
 TEST(MasterStateConcurrencyTest, ParallelClientsKeepRangesDisjoint) {
@@ -357,8 +684,14 @@ TEST(MasterStateConcurrencyTest, ParallelClientsKeepRangesDisjoint) {
         if (start.ok() && (*start)[0].status.ok() && !(*start)[0].already_exists) {
           state.BatchPutEnd("c", std::span(&key, 1)).status().IgnoreError();
         }
+        auto got = state.BatchGetReplicas("c", std::span(&key, 1));
+        // Most leases are released at once, some only when they expire.
+        if (got.ok() && got->lease_id != 0 && i % 3 != 0) {
+          state.ReleaseLeases("c", std::span(&got->lease_id, 1)).status().IgnoreError();
+        }
         if (i % 7 == 0) state.BatchRemove("c", std::span(&key, 1)).status().IgnoreError();
         if (i % 50 == 0) state.Evict(8 * 4096);
+        if (i % 100 == 0) state.RunMaintenance();
       }
     });
   }
@@ -369,7 +702,7 @@ TEST(MasterStateConcurrencyTest, ParallelClientsKeepRangesDisjoint) {
   for (auto& [key, size] : keys) names.push_back(key);
   auto got = state.BatchGetReplicas("c", names);
   ASSERT_TRUE(got.ok());
-  for (const GetOutcome& outcome : *got) {
+  for (const GetOutcome& outcome : got->items) {
     ASSERT_TRUE(outcome.status.ok());
     EXPECT_TRUE(offsets.insert(outcome.replicas[0].offset).second);
   }

@@ -9,7 +9,7 @@ namespace larder::master {
 Object* Object::Create(std::string_view key, std::span<const StoredReplica> replicas) {
   size_t bytes = sizeof(Object) + replicas.size() * sizeof(StoredReplica) + key.size();
   Object* object = new (::operator new(bytes)) Object();
-  object->key_size = static_cast<uint32_t>(key.size());
+  object->key_size = static_cast<uint16_t>(key.size());
   object->replica_count = static_cast<uint16_t>(replicas.size());
   StoredReplica* array = object->replica_array();
   for (size_t i = 0; i < replicas.size(); ++i) new (array + i) StoredReplica(replicas[i]);
@@ -23,7 +23,7 @@ void Object::Destroy(Object* object) {
 }
 
 Shard::~Shard() {
-  for (Object* object : objects) Object::Destroy(object);
+  for (Object* object : objects) Object::Retire(object);
 }
 
 Object* Shard::Insert(const KeyRef& ref, std::span<const StoredReplica> replicas) {
@@ -35,7 +35,7 @@ Object* Shard::Insert(const KeyRef& ref, std::span<const StoredReplica> replicas
 void Shard::Erase(Object* object) {
   Unlink(object);
   objects.erase(object);
-  Object::Destroy(object);
+  Object::Retire(object);
 }
 
 void Shard::Link(Object* object, ObjectList list) {

@@ -12,6 +12,7 @@
 
 #include <absl/container/flat_hash_set.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -42,27 +43,61 @@ struct KeyRef {
   size_t hash;
 };
 
+// Longest key an object can hold (Object::key_size is 16 bits).
+inline constexpr size_t kMaxKeyBytes = UINT16_MAX;
+
 // One object's metadata. Created only by Object::Create, which places the replicas and then the
-// key bytes right after the header, in the same allocation; destroyed by Object::Destroy.
+// key bytes right after the header, in the same allocation.
+//
+// Lifetime: the shard owns the object while it is indexed; each unreleased read lease holds it
+// too (the lease table keeps a pointer). An object leaves its shard by Shard::Erase, which retires
+// it, and is destroyed by whichever comes last: the retirement or the drop of its last lease. So a
+// lease table may still point at an object that was evicted after its lease expired, or dropped
+// with its segment, until that lease is released or expires.
 struct Object {
   uint64_t size = 0;
   union {
-    int64_t lease_until = 0;  // kComplete: master clock (ns) until which a reader holds a lease
-    int64_t put_started;      // kProcessing: master clock (ns) of PutStart
+    // kComplete: master clock (ns) until which the newest lease lasts. Leases are granted with one
+    // TTL on a monotonic clock, so the newest lease is also the longest.
+    int64_t lease_until = 0;
+    int64_t put_started;  // kProcessing: master clock (ns) of PutStart
   };
   uint64_t last_access = 0;  // master-wide tick: orders LRU across shards
   Object* newer = nullptr;   // neighbours on `list`
   Object* older = nullptr;
   uint32_t writer = 0;  // client slot of the writer
-  uint32_t key_size = 0;
+  // Unreleased leases on this object, plus kRetired once it has left its shard. Changed without
+  // the shard lock (a release touches only this word), so that releasing a batch costs one atomic
+  // decrement per key.
+  std::atomic<uint32_t> holds{0};
+  uint16_t key_size = 0;
   uint16_t replica_count = 0;
   ObjectState state = ObjectState::kProcessing;
   bool pinned = false;
   ObjectList list = ObjectList::kNone;
 
-  // REQUIRES: replicas.size() <= UINT16_MAX, key.size() <= UINT32_MAX.
+  static constexpr uint32_t kRetired = 1u << 31;
+
+  // REQUIRES: replicas.size() <= UINT16_MAX, key.size() <= kMaxKeyBytes.
   static Object* Create(std::string_view key, std::span<const StoredReplica> replicas);
   static void Destroy(Object* object);
+
+  // Readers holding an unreleased lease (expired or not).
+  uint32_t readers() const { return holds.load(std::memory_order_acquire) & ~kRetired; }
+  // True while a reader holds a lease that has not expired: the object may not be evicted or
+  // removed. A lease that was released no longer counts, however long its TTL.
+  bool Leased(int64_t now) const { return readers() != 0 && lease_until > now; }
+  // A lease taken on the object. REQUIRES: the object is in its shard and the shard lock is held.
+  void AddReader() { holds.fetch_add(1, std::memory_order_acq_rel); }
+  // A lease on the object ended (released or expired); destroys it when it was retired and this
+  // was its last lease. Needs no lock.
+  static void DropReader(Object* object) {
+    if (object->holds.fetch_sub(1, std::memory_order_acq_rel) == (kRetired | 1)) Destroy(object);
+  }
+  // The object has left its shard (under the shard lock); destroys it unless a lease holds it.
+  static void Retire(Object* object) {
+    if (object->holds.fetch_or(kRetired, std::memory_order_acq_rel) == 0) Destroy(object);
+  }
 
   std::string_view key() const {
     return {reinterpret_cast<const char*>(replica_array() + replica_count), key_size};
@@ -83,6 +118,7 @@ struct Object {
 static_assert(kMaxReplicas <= UINT16_MAX, "Object::replica_count is 16 bits");
 static_assert(alignof(StoredReplica) <= alignof(Object));
 static_assert(sizeof(Object) % alignof(StoredReplica) == 0);
+static_assert(sizeof(Object) <= 56, "the object header is part of every object's footprint");
 
 template <typename Pred>
 void Object::EraseReplicasIf(Pred drop) {
@@ -120,8 +156,8 @@ struct ObjectListEnds {
   Object* oldest = nullptr;
 };
 
-// One lock's worth of objects. Everything in a Shard is guarded by `mu`. The shard owns its
-// objects: Erase and the destructor destroy them.
+// One lock's worth of objects. Everything in a Shard is guarded by `mu`, except each object's
+// `holds`. The shard owns its objects: Erase and the destructor retire them (Object::Retire).
 struct Shard {
   using ObjectSet = absl::flat_hash_set<Object*, ObjectHash, ObjectKeyEq>;
 
@@ -142,7 +178,8 @@ struct Shard {
   }
   // Creates and indexes a new object. REQUIRES: Find(ref) == nullptr.
   Object* Insert(const KeyRef& ref, std::span<const StoredReplica> replicas);
-  // Takes the object off its list and out of the index, and destroys it.
+  // Takes the object off its list and out of the index, and retires it: destroyed now, or when
+  // its last lease ends.
   void Erase(Object* object);
   // Erases (as Erase) every object for which `pred(object)` is true; returns how many.
   template <typename Pred>
@@ -173,7 +210,7 @@ size_t Shard::EraseIf(Pred pred) {
     }
     Unlink(object);
     objects.erase(it++);  // erasing leaves the other iterators of a flat_hash_set valid
-    Object::Destroy(object);
+    Object::Retire(object);
     ++erased;
   }
   return erased;

@@ -50,8 +50,9 @@ void AddError(uint32_t index, const Status& status,
   SetStatus(error->mutable_status(), status);
 }
 
-grpc::Status StatusList(const Result<std::vector<Status>>& results,
-                        proto::BatchStatusReply* reply) {
+// Fills reply->errors with the items that failed.
+template <typename Reply>
+grpc::Status StatusList(const Result<std::vector<Status>>& results, Reply* reply) {
   if (!results.ok()) return ToGrpc(results.status());
   for (size_t i = 0; i < results->size(); ++i) {
     if (!(*results)[i].ok()) {
@@ -64,6 +65,16 @@ grpc::Status StatusList(const Result<std::vector<Status>>& results,
 class MasterService final : public proto::Master::Service {
  public:
   explicit MasterService(MasterState* state) : state_(state) {}
+
+  // Leases released on the back of another call: best effort, like the call they ride on (an
+  // unknown client's are dropped with it, and expire at their TTL).
+  void ReleaseCarried(const std::string& client_id,
+                      const google::protobuf::RepeatedField<uint64_t>& ids) {
+    if (ids.empty()) return;
+    state_->ReleaseLeases(client_id, std::span(ids.data(), static_cast<size_t>(ids.size())))
+        .status()
+        .IgnoreError();
+  }
 
   grpc::Status MountSegments(grpc::ServerContext*, const proto::MountSegmentsRequest* request,
                              proto::MountSegmentsReply* reply) override {
@@ -104,6 +115,7 @@ class MasterService final : public proto::Master::Service {
 
   grpc::Status BatchPutStart(grpc::ServerContext*, const proto::BatchPutStartRequest* request,
                              proto::BatchPutStartReply* reply) override {
+    ReleaseCarried(request->client_id(), request->release_leases());
     std::vector<PutStartItem> items;
     items.reserve(static_cast<size_t>(request->items_size()));
     for (const proto::PutItem& item : request->items()) {
@@ -128,26 +140,33 @@ class MasterService final : public proto::Master::Service {
 
   grpc::Status BatchPutEnd(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                            proto::BatchStatusReply* reply) override {
+    ReleaseCarried(request->client_id(), request->release_leases());
     return StatusList(state_->BatchPutEnd(request->client_id(), Keys(*request)), reply);
   }
 
   grpc::Status BatchPutRevoke(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                               proto::BatchStatusReply* reply) override {
+    ReleaseCarried(request->client_id(), request->release_leases());
     return StatusList(state_->BatchPutRevoke(request->client_id(), Keys(*request)), reply);
   }
 
   grpc::Status BatchGetReplicas(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                                 proto::BatchGetReplicasReply* reply) override {
-    auto results = state_->BatchGetReplicas(request->client_id(), Keys(*request));
-    if (!results.ok()) return ToGrpc(results.status());
-    const int n = static_cast<int>(results->size());
+    const auto& release = request->release_leases();
+    auto batch =
+        state_->BatchGetReplicas(request->client_id(), Keys(*request),
+                                 request->metadata_only() ? GetMode::kPeek : GetMode::kLease,
+                                 std::span(release.data(), static_cast<size_t>(release.size())));
+    if (!batch.ok()) return ToGrpc(batch.status());
+    const int n = static_cast<int>(batch->items.size());
     reply->mutable_size()->Reserve(n);
     reply->mutable_replica_count()->Reserve(n);
     reply->mutable_segment_id()->Reserve(n);
     reply->mutable_offset()->Reserve(n);
     reply->set_lease_ms(static_cast<uint64_t>(state_->options().lease_ttl.count()));
+    reply->set_lease_id(batch->lease_id);
     for (int i = 0; i < n; ++i) {
-      const GetOutcome& outcome = (*results)[static_cast<size_t>(i)];
+      const GetOutcome& outcome = batch->items[static_cast<size_t>(i)];
       if (!outcome.status.ok())
         AddError(static_cast<uint32_t>(i), outcome.status, reply->mutable_errors());
       reply->add_size(outcome.size);
@@ -160,8 +179,18 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ReleaseLeases(grpc::ServerContext*, const proto::ReleaseLeasesRequest* request,
+                             proto::ReleaseLeasesReply* reply) override {
+    return StatusList(
+        state_->ReleaseLeases(
+            request->client_id(),
+            std::span(request->lease_id().data(), static_cast<size_t>(request->lease_id_size()))),
+        reply);
+  }
+
   grpc::Status BatchExist(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                           proto::BatchExistReply* reply) override {
+    ReleaseCarried(request->client_id(), request->release_leases());
     auto results = state_->BatchExist(request->client_id(), Keys(*request));
     if (!results.ok()) return ToGrpc(results.status());
     reply->mutable_exists()->Reserve(static_cast<int>(results->size()));
@@ -171,6 +200,7 @@ class MasterService final : public proto::Master::Service {
 
   grpc::Status BatchRemove(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                            proto::BatchStatusReply* reply) override {
+    ReleaseCarried(request->client_id(), request->release_leases());
     return StatusList(state_->BatchRemove(request->client_id(), Keys(*request)), reply);
   }
 
@@ -203,6 +233,8 @@ class MasterService final : public proto::Master::Service {
     reply->set_evictions(stats.evictions);
     reply->set_lease_expiries(stats.lease_expiries);
     reply->set_master_incarnation(stats.incarnation);
+    reply->set_lease_releases(stats.lease_releases);
+    reply->set_leases_active(stats.leases_active);
     return grpc::Status::OK;
   }
 

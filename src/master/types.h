@@ -28,17 +28,23 @@ enum class PlacementStrategy {
 
 // Every field has its default here and in docs/configuration.md.
 struct MasterOptions {
-  // How long a GetReplicas lease protects an object from eviction and removal.
+  // How long a GetReplicas lease protects an object from eviction and removal when the reader
+  // does not release it (it died or stalled mid-copy). Readers release their leases when their
+  // copy ends, so this bounds only what a dead reader can hold.
   std::chrono::milliseconds lease_ttl{5000};
   // A client silent for this long is expired: its segments unmounted, its replicas dropped.
   std::chrono::milliseconds client_ttl{10000};
-  // Eviction starts when used/capacity exceeds this ...
-  double eviction_high_watermark = 0.95;
-  // ... and frees this fraction of the capacity (least recently used first).
+  // A put that finds no space evicts what it needs plus this fraction of the capacity (least
+  // recently used first), so that the pool stays full, as an exact LRU cache of its bytes would.
+  double eviction_slack = 0.001;
+  // Background eviction, off by default (1.0): when used/capacity exceeds this, the sweeper
+  // evicts ...
+  double eviction_high_watermark = 1.0;
+  // ... this fraction of the capacity, so that puts find free space without evicting.
   double eviction_ratio = 0.05;
   // A put started and neither ended nor revoked after this long is revoked.
   std::chrono::milliseconds put_timeout{30000};
-  size_t max_key_size = 4096;
+  size_t max_key_size = 4096;  // at most kMaxKeyBytes (65535)
   PlacementStrategy placement = PlacementStrategy::kLocalHostFirst;
   // Number of metadata shards (each has its own lock).
   size_t shards = 64;
@@ -103,7 +109,20 @@ struct GetOutcome {
   Status status;
   uint64_t size = 0;
   ReplicaLocations replicas;
-  std::chrono::milliseconds lease{0};
+};
+
+enum class GetMode {
+  kLease,  // a read: every object found is leased (and counts as a use for LRU)
+  kPeek,   // metadata only (GetSize): no lease, no use
+};
+
+// What BatchGetReplicas answers: one outcome per key, and the lease that holds every object found.
+struct GetBatch {
+  std::vector<GetOutcome> items;
+  // Release with MasterState::ReleaseLeases once the copy has ended. 0: no lease (nothing found,
+  // or GetMode::kPeek).
+  uint64_t lease_id = 0;
+  std::chrono::milliseconds lease_ttl{0};  // the lease ends by itself this long after the call
 };
 
 struct HeartbeatOutcome {
@@ -127,7 +146,16 @@ struct MasterStats {
   uint64_t removes = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;
-  uint64_t lease_expiries = 0;
+  uint64_t lease_expiries = 0;          // leases that were never released and ran out
+  uint64_t lease_releases = 0;          // leases released by their reader
+  uint64_t lease_releases_unknown = 0;  // releases of ids not held (twice, expired, restart)
+  uint64_t lease_releases_refused = 0;  // releases by a client that does not hold the lease
+  uint64_t leases_active = 0;           // granted, neither released nor expired
+  uint64_t put_refusals_no_space = 0;   // ResourceExhausted: nothing evictable
+  uint64_t put_refusals_invalid = 0;    // InvalidArgument: key, size, replicas, duplicates
+  uint64_t eviction_runs = 0;           // calls of Evict that looked for victims
+  uint64_t eviction_scanned = 0;        // objects those runs examined
+  double evictions_per_second = 0;      // over the last 10 s (sampled by the sweeper)
   uint64_t put_revokes = 0;
   uint64_t client_expiries = 0;
   uint64_t incarnation = 0;

@@ -151,10 +151,13 @@ int RunMasterBench(const MasterBenchOptions& options) {
     run([&](int t) {
       std::mt19937_64 rng(static_cast<uint64_t>(t) + 1);
       proto::BatchKeysRequest request;
+      uint64_t lease_to_release = 0;
       auto end = SteadyClock::now() + std::chrono::duration<double>(options.duration_s);
       while (SteadyClock::now() < end && errors[t].ok() && put_count[t] > 0) {
         request.Clear();
         request.set_client_id(master->client_id);
+        // As StoreClient does: the previous get's lease is released on the back of this one.
+        if (lease_to_release != 0) request.add_release_leases(lease_to_release);
         for (size_t j = 0; j < options.batch; ++j) {
           request.add_keys(
               KeyOf((static_cast<uint64_t>(t) << 40) + rng() % put_count[t], options.key_size));
@@ -165,6 +168,7 @@ int RunMasterBench(const MasterBenchOptions& options) {
             master->client->Call("BatchGetReplicas", &Stub::BatchGetReplicas, request, &reply);
         get_lat[t].push_back(
             std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count());
+        lease_to_release = reply.lease_id();
         if (errors[t].ok()) errors[t] = client::CheckReplicaColumns(reply, options.batch);
         if (errors[t].ok()) {
           for (const Status& status : client::ItemStatuses(options.batch, reply.errors())) {

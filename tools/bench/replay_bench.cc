@@ -266,7 +266,7 @@ class Dispatcher {
 
 Table ResultTable() {
   return Table({"capacity", "pages", "requests", "hit %", "LRU %", "unbounded %", "vs LRU", "req/s",
-                "GB/s", "p50 ms", "p99 ms", "errors", "wrong B"});
+                "GB/s", "p50 ms", "p99 ms", "lease p50/p99 ms", "errors", "wrong B"});
 }
 
 void AddRow(Table& table, const ReplayResult& r) {
@@ -275,7 +275,11 @@ void AddRow(Table& table, const ReplayResult& r) {
                 Fixed(100 * r.lru_hit_rate, 2), Fixed(100 * r.unbounded_hit_rate, 2),
                 r.lru_hit_rate > 0 ? Fixed(r.hit_rate / r.lru_hit_rate, 3) : "-",
                 Fixed(r.requests_per_s, 0), Fixed(r.gbps, 2), Fixed(r.p50_ms, 2),
-                Fixed(r.p99_ms, 2), std::to_string(r.errors), std::to_string(r.wrong_bytes)});
+                Fixed(r.p99_ms, 2),
+                r.lease_hold_p50_ms >= 0
+                    ? Fixed(r.lease_hold_p50_ms, 2) + " / " + Fixed(r.lease_hold_p99_ms, 2)
+                    : "-",
+                std::to_string(r.errors), std::to_string(r.wrong_bytes)});
 }
 
 bool Failed(const ReplayResult& result) { return result.errors > 0 || result.wrong_bytes > 0; }
@@ -327,6 +331,15 @@ std::string ReplayResult::ToJson() const {
               {"errors", errors},
               {"wrong_bytes", wrong_bytes}};
   if (evictions >= 0) out["evictions"] = evictions;
+  if (lease_expiries >= 0) out["lease_expiries"] = lease_expiries;
+  if (put_refusals >= 0) out["put_refusals"] = put_refusals;
+  if (lease_hold_p50_ms >= 0) out["lease_hold_p50_ms"] = lease_hold_p50_ms;
+  if (lease_hold_p99_ms >= 0) out["lease_hold_p99_ms"] = lease_hold_p99_ms;
+  if (eviction_scanned_per_eviction >= 0) {
+    out["eviction_scanned_per_eviction"] = eviction_scanned_per_eviction;
+  }
+  if (eviction_run_p50_us >= 0) out["eviction_run_p50_us"] = eviction_run_p50_us;
+  if (eviction_run_p99_us >= 0) out["eviction_run_p99_us"] = eviction_run_p99_us;
   if (!first_error.empty()) out["first_error"] = first_error;
   if (!retry_reason.empty()) out["retry_reason"] = retry_reason;
   return out.dump();
@@ -385,7 +398,22 @@ Result<ReplayResult> RunReplay(const ReplayOptions& options,
   result.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
   for (ChildProcess& worker : cluster.workers) worker.Stop(std::chrono::seconds(10));
   if (cluster.master) {
-    result.evictions = static_cast<int64_t>(cluster.master->state().Stats().evictions);
+    master::MasterStats stats = cluster.master->state().Stats();
+    result.evictions = static_cast<int64_t>(stats.evictions);
+    result.lease_expiries = static_cast<int64_t>(stats.lease_expiries);
+    result.put_refusals = static_cast<int64_t>(stats.put_refusals_no_space);
+    master::LatencyHistogram::Snapshot held = cluster.master->state().LeaseHoldTimes();
+    result.lease_hold_p50_ms = held.Quantile(0.5) / 1e6;
+    result.lease_hold_p99_ms = held.Quantile(0.99) / 1e6;
+    if (stats.evictions > 0) {
+      result.eviction_scanned_per_eviction =
+          static_cast<double>(stats.eviction_scanned) / static_cast<double>(stats.evictions);
+    }
+    master::LatencyHistogram::Snapshot runs = cluster.master->state().EvictionTimes();
+    if (runs.count > 0) {
+      result.eviction_run_p50_us = runs.Quantile(0.5) / 1e3;
+      result.eviction_run_p99_us = runs.Quantile(0.99) / 1e3;
+    }
   }
   LARDER_RETURN_IF_ERROR(outcomes.status());
 
@@ -428,6 +456,10 @@ int RunReplayBench(const ReplayOptions& options) {
   if (requests->empty()) {
     std::cerr << "larder-bench replay: trace '" << trace << "' has no requests\n";
     return 2;
+  }
+  if (options.repeat_prefixes > 0) {
+    *requests = RepeatPrefixes(*requests, options.repeat_prefixes);
+    trace += " (prefixes repeated after " + std::to_string(options.repeat_prefixes) + ")";
   }
 
   int exit_code = 0;

@@ -38,6 +38,9 @@ struct ReplayOptions {
   std::string protocol = "auto";
   // Replay only the first N requests; 0: all.
   uint64_t requests = 0;
+  // When > 0, the trace with every request's prefix repeated by a second request this many
+  // requests later (RepeatPrefixes): more reuse than the trace has.
+  uint64_t repeat_prefixes = 0;
   // Requests outstanding at once (at most one per client); 0: as many as clients.
   int inflight = 0;
   // One JSON object per run on stdout instead of a table.
@@ -84,6 +87,17 @@ struct ReplayResult {
   double p50_ms = 0;
   double p99_ms = 0;
   int64_t evictions = -1;  // evictions by the embedded master; -1 with an external one
+  // From the embedded master (-1 with an external one): leases that expired unreleased, puts
+  // refused for lack of space, and how long leases were held (from its histogram).
+  int64_t lease_expiries = -1;
+  int64_t put_refusals = -1;
+  double lease_hold_p50_ms = -1;
+  double lease_hold_p99_ms = -1;
+  // What eviction cost (embedded master): objects examined per evicted object, and the time of
+  // one eviction run (one per put batch that needed space).
+  double eviction_scanned_per_eviction = -1;
+  double eviction_run_p50_us = -1;
+  double eviction_run_p99_us = -1;
 
   // One JSON object.
   std::string ToJson() const;

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include "bench/lru_sim.h"
 #include "bench/replay_bench.h"
@@ -154,6 +155,44 @@ TEST(SimulatePrefixCacheTest, LruOfEightBlocksOnTheFixture) {
   EXPECT_EQ(PerRequest(hits), kLru8Hits);
 }
 
+TEST(ReplayTraceTest, RepeatPrefixesEchoesEachRequestLater) {
+  std::vector<TraceRequest> trace;
+  for (uint64_t i = 0; i < 200; ++i) trace.push_back({static_cast<int64_t>(i), {3 * i, 3 * i + 1}});
+  const size_t mean = 4;
+  std::vector<TraceRequest> echoed = RepeatPrefixes(trace, mean);
+  ASSERT_EQ(echoed.size(), 2 * trace.size());
+  EXPECT_EQ(RepeatPrefixes(trace, mean).size(), echoed.size());
+  std::set<uint64_t> fresh;
+  std::vector<size_t> position(trace.size());
+  for (size_t j = 0; j < echoed.size(); ++j) {
+    const TraceRequest& request = echoed[j];
+    if (j > 0) {
+      EXPECT_GE(request.timestamp_ms, echoed[j - 1].timestamp_ms);
+    }
+    ASSERT_EQ(request.blocks.size(), 2u);
+    uint64_t first = request.blocks[0];
+    if (request.blocks[1] == first + 1) {
+      position[first / 3] = j;  // an original request
+      continue;
+    }
+    // An echo: the original's prefix, then a block of its own, after the original and at most
+    // 2 * mean originals later.
+    EXPECT_GE(request.blocks[1], 599u);  // above every id of the trace
+    EXPECT_TRUE(fresh.insert(request.blocks[1]).second);
+    size_t original = first / 3;
+    EXPECT_GT(j, position[original]);
+    size_t originals_between = 0;
+    for (size_t k = position[original] + 1; k < j; ++k) {
+      if (echoed[k].blocks[1] == echoed[k].blocks[0] + 1) ++originals_between;
+    }
+    EXPECT_LE(originals_between, 2 * mean);
+  }
+  EXPECT_EQ(fresh.size(), trace.size());
+  // More reuse: every echo hits its prefix in an unbounded cache.
+  EXPECT_EQ(SimulatePrefixCache(trace, 0).hit_blocks, 0u);
+  EXPECT_EQ(SimulatePrefixCache(echoed, 0).hit_blocks, trace.size());
+}
+
 TEST(ReplayPlotTest, ScriptHasEverySeriesAndItsData) {
   HitRatePlot plot{"it's a title",
                    {{"Larder", {{64, 0.25}, {128, 0.3}}, true, false},
@@ -180,16 +219,22 @@ ReplayOptions EndToEndOptions() {
   return options;
 }
 
-TEST(ReplayEndToEndTest, SequentialReplayHitsExactlyTheUnboundedPrefixes) {
-  auto requests = LoadTrace(kFixture);
-  ASSERT_TRUE(requests.ok()) << requests.status();
+// The fixture replayed one request at a time into a pool of `capacity` bytes, checked for errors.
+Result<ReplayResult> ReplayFixtureSequentially(uint64_t capacity) {
+  LARDER_ASSIGN_OR_RETURN(std::vector<TraceRequest> requests, LoadTrace(kFixture));
   ReplayOptions options = EndToEndOptions();
-  options.capacity = 1 << 20;  // 256 pages for a footprint of 32: nothing is evicted
+  options.capacity = capacity;
   options.inflight = 1;
-  auto result = RunReplay(options, *requests, kFixture);
+  LARDER_ASSIGN_OR_RETURN(ReplayResult result, RunReplay(options, requests, kFixture));
+  EXPECT_EQ(result.errors, 0u) << result.first_error;
+  EXPECT_EQ(result.wrong_bytes, 0u) << result.first_error;
+  return result;
+}
+
+TEST(ReplayEndToEndTest, SequentialReplayHitsExactlyTheUnboundedPrefixes) {
+  // 256 pages for a footprint of 32: nothing is evicted.
+  auto result = ReplayFixtureSequentially(1 << 20);
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->errors, 0u) << result->first_error;
-  EXPECT_EQ(result->wrong_bytes, 0u) << result->first_error;
   EXPECT_EQ(result->missing, 0u);
   EXPECT_EQ(result->requests, 24u);
   EXPECT_EQ(result->block_refs, 96u);
@@ -200,6 +245,21 @@ TEST(ReplayEndToEndTest, SequentialReplayHitsExactlyTheUnboundedPrefixes) {
   EXPECT_EQ(result->unbounded_hit_blocks, 64u);
   EXPECT_EQ(result->evictions, 0);
   EXPECT_DOUBLE_EQ(result->hit_rate, 64.0 / 96.0);
+}
+
+// A pool of 8 pages for a footprint of 32: the store evicts as it goes and, replayed one request
+// at a time, hits exactly what exact LRU of 8 pages hits (20 of 96 blocks), refuses no put, and
+// every lease is released.
+TEST(ReplayEndToEndTest, SmallPoolHitsAsExactLruDoes) {
+  auto result = ReplayFixtureSequentially(8 * 4096);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->capacity_pages, 8u);
+  EXPECT_EQ(result->lru_hit_blocks, 20u);
+  EXPECT_EQ(result->hit_blocks, result->lru_hit_blocks);
+  EXPECT_GE(result->evictions, 32 - 8);
+  EXPECT_EQ(result->put_refusals, 0);
+  EXPECT_EQ(result->lease_expiries, 0);
+  EXPECT_GT(result->lease_hold_p50_ms, 0);
 }
 
 TEST(ReplayEndToEndTest, ConcurrentReplayOverTcpVerifiesEveryByte) {

@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <queue>
+#include <random>
+#include <tuple>
 #include <unordered_set>
 
 #include "common/env.h"
@@ -71,6 +74,46 @@ uint64_t CountBlockRefs(const std::vector<TraceRequest>& requests) {
   uint64_t refs = 0;
   for (const TraceRequest& request : requests) refs += request.blocks.size();
   return refs;
+}
+
+std::vector<TraceRequest> RepeatPrefixes(const std::vector<TraceRequest>& requests,
+                                         size_t mean_distance) {
+  uint64_t fresh = 0;  // block ids above every id of the trace
+  for (const TraceRequest& request : requests) {
+    for (uint64_t block : request.blocks) fresh = std::max(fresh, block + 1);
+  }
+  std::mt19937_64 rng(1);
+  // Echoes waiting for their turn: (after which request, in which order made, echo), soonest
+  // first.
+  using Pending = std::tuple<size_t, size_t, TraceRequest>;
+  auto later = [](const Pending& a, const Pending& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a)) > std::tie(std::get<0>(b), std::get<1>(b));
+  };
+  std::priority_queue<Pending, std::vector<Pending>, decltype(later)> pending(later);
+  std::vector<TraceRequest> out;
+  out.reserve(2 * requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    out.push_back(requests[i]);
+    TraceRequest echo;
+    const std::vector<uint64_t>& blocks = requests[i].blocks;
+    echo.blocks.assign(blocks.begin(), blocks.end() - (blocks.empty() ? 0 : 1));
+    echo.blocks.push_back(fresh++);
+    size_t distance = 1 + static_cast<size_t>(rng() % (2 * mean_distance));
+    pending.emplace(i + distance, i, std::move(echo));
+    while (!pending.empty() && std::get<0>(pending.top()) <= i) {
+      TraceRequest next = std::get<2>(pending.top());
+      pending.pop();
+      next.timestamp_ms = requests[i].timestamp_ms;
+      out.push_back(std::move(next));
+    }
+  }
+  while (!pending.empty()) {
+    TraceRequest next = std::get<2>(pending.top());
+    pending.pop();
+    next.timestamp_ms = requests.back().timestamp_ms;
+    out.push_back(std::move(next));
+  }
+  return out;
 }
 
 }  // namespace larder::bench

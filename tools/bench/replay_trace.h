@@ -36,4 +36,13 @@ std::string BlockKey(uint64_t id);
 // Sum of the requests' block counts.
 uint64_t CountBlockRefs(const std::vector<TraceRequest>& requests);
 
+// A trace with more reuse than `requests`: each request is followed, some requests later, by a
+// second one that shares its prefix (every block but the last) and ends in a block of its own, as
+// a follow-up turn or a retried request would. How much later is drawn uniformly from
+// 1..2*mean_distance (a fixed seed: the same trace every time), so that the reuse distances
+// spread and the hit rate grows smoothly with capacity; an echo arrives with the request it
+// follows. REQUIRES: mean_distance > 0.
+std::vector<TraceRequest> RepeatPrefixes(const std::vector<TraceRequest>& requests,
+                                         size_t mean_distance);
+
 }  // namespace larder::bench
