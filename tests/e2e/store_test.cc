@@ -361,8 +361,7 @@ TEST(StoreE2ETest, LeasesOfAKilledReaderExpireAtTheTtl) {
   Master master = StartMaster({"--lease-ttl", "2s"});
   ChildProcess owner = StartWorker(master, "small", "4M");
   ChildProcess writer = StartWorker(master, "writer", "0");
-  ChildProcess reader =
-      StartWorker(master, "reader", "0", {{"LARDER_LEASE_RELEASE_DELAY", "60s"}});
+  ChildProcess reader = StartWorker(master, "reader", "0", {{"LARDER_LEASE_RELEASE_DELAY", "60s"}});
   ASSERT_EQ(Put(writer, "r/", 8, 64 * 1024, "small")["ok"], 8);
   EXPECT_EQ(Get(reader, "r/", 8, 64 * 1024)["verified"], 8);
   EXPECT_EQ(Metric(master, "larder_leases_active"), 1);
