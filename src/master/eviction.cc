@@ -11,9 +11,10 @@
 // the evictable objects at or below T. An object read or written in between has a newer tick and
 // stays; leased, pinned and incomplete objects are never candidates.
 //
-// Nothing is copied in the first pass (no keys: only two numbers per candidate), and a run that
-// needs one object looks at a couple per shard, so a put's eviction costs O(shards) lock
-// acquisitions and O(shards * k) candidates. The counters eviction_runs and eviction_scanned,
+// Nothing is copied in the first pass (no keys: only two numbers per candidate), and the second
+// looks no further into a shard than the first did, so a put's eviction costs O(shards) lock
+// acquisitions and O(shards * k) objects examined, k being a couple more than the evicted
+// objects' share per shard. The counters eviction_runs and eviction_scanned,
 // and the eviction time histogram, report what it costs.
 
 #include <algorithm>
@@ -53,14 +54,21 @@ uint64_t MasterState::Evict(uint64_t bytes) {
   uint64_t freed = 0, scanned = 0, evicted = 0;
   std::vector<Candidate> candidates;
   std::vector<StoredReplica> replicas;
-  std::vector<bool> has_candidates(shard_count_);
+  // Per shard, from pass 1: its oldest candidate's tick (UINT64_MAX: none), and how far the walk
+  // went, which is as far as pass 2 needs to look.
+  std::vector<uint64_t> oldest_tick(shard_count_);
+  std::vector<size_t> walk_length(shard_count_);
   int idle_rounds = 0;
   while (freed < bytes && idle_rounds < kMaxIdleRounds) {
-    // About how many objects are still to free, from the mean object size.
+    // About how many objects are still to free, from the mean object size. Taking that many from
+    // every shard would make any round exact, however the oldest objects are spread; the hash
+    // spreads them evenly, so a couple more than the mean share per shard is enough for one
+    // round in the usual case, and exact_below keeps a round exact otherwise.
     uint64_t objects = std::max<uint64_t>(objects_.load(std::memory_order_relaxed), 1);
     uint64_t mean = std::max<uint64_t>(segments_.usage().used / objects, 1);
-    size_t k =
-        static_cast<size_t>(std::clamp<uint64_t>((bytes - freed + mean - 1) / mean, 1, kPerShard));
+    uint64_t need = (bytes - freed + mean - 1) / mean;
+    uint64_t share = 2 * ((need + shard_count_ - 1) / shard_count_) + 2;
+    auto k = static_cast<size_t>(std::clamp<uint64_t>(std::min(need, share), 1, kPerShard));
 
     // Pass 1: the k oldest evictable objects of each shard.
     int64_t now = Now();
@@ -69,7 +77,7 @@ uint64_t MasterState::Evict(uint64_t bytes) {
     for (size_t s = 0; s < shard_count_; ++s) {
       Shard& shard = shards_[s];
       size_t taken = 0, walked = 0;
-      uint64_t newest_taken = 0;
+      uint64_t oldest = UINT64_MAX, newest = 0;
       {
         std::lock_guard lock(shard.mu);
         for (Object* object = shard.lru.oldest; object != nullptr && taken < k && walked < kMaxWalk;
@@ -78,15 +86,15 @@ uint64_t MasterState::Evict(uint64_t bytes) {
           if (object->Leased(now)) continue;
           candidates.push_back(
               Candidate{object->last_access, object->size * object->replica_count});
-          newest_taken = std::max(newest_taken, object->last_access);
+          oldest = std::min(oldest, object->last_access);
+          newest = std::max(newest, object->last_access);
           ++taken;
         }
         // The walk stopped early: this shard may hold more evictable objects past those taken.
-        if (taken == k || walked == kMaxWalk) {
-          exact_below = std::min(exact_below, newest_taken);
-        }
+        if (taken == k || walked == kMaxWalk) exact_below = std::min(exact_below, newest);
       }
-      has_candidates[s] = taken > 0;
+      oldest_tick[s] = oldest;
+      walk_length[s] = walked;
       scanned += walked;
     }
     if (candidates.empty()) break;
@@ -107,18 +115,20 @@ uint64_t MasterState::Evict(uint64_t bytes) {
     // oldest candidate goes, so that every round makes progress.
     threshold = std::max(std::min(threshold, exact_below), candidates.front().tick);
 
-    // Pass 2: evict what is at or below the threshold and still evictable.
+    // Pass 2: evict what is at or below the threshold and still evictable, in the shards that had
+    // such candidates, no further than pass 1 looked.
     uint64_t freed_this_round = 0;
     now = Now();
     for (size_t s = 0; s < shard_count_ && freed + freed_this_round < bytes; ++s) {
-      if (!has_candidates[s]) continue;
+      if (oldest_tick[s] > threshold) continue;
       Shard& shard = shards_[s];
       replicas.clear();
       size_t walked = 0;
       {
         std::lock_guard lock(shard.mu);
         for (Object* object = shard.lru.oldest;
-             object != nullptr && walked < kMaxWalk && freed + freed_this_round < bytes; ++walked) {
+             object != nullptr && walked < walk_length[s] && freed + freed_this_round < bytes;
+             ++walked) {
           Object* next = object->newer;
           if (object->last_access <= threshold && !object->Leased(now)) {
             uint64_t object_bytes = object->size * object->replica_count;
