@@ -230,6 +230,18 @@ double Metric(const Master& master, const std::string& name) {
   return std::stod(response->body.substr(at + name.size() + 2));
 }
 
+// Reads a metric until it reaches `at_least` or `timeout` passes, and returns its last value. Each
+// read is one round trip to the master's /metrics, which paces the loop.
+double WaitForMetric(const Master& master, const std::string& name, double at_least,
+                     milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  double value = Metric(master, name);
+  while (value >= 0 && value < at_least && std::chrono::steady_clock::now() < deadline) {
+    value = Metric(master, name);
+  }
+  return value;
+}
+
 // Eviction under pressure while a reader holds leases: a reader may miss an evicted key, but
 // never sees the bytes of another object.
 TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
@@ -369,12 +381,7 @@ TEST(StoreE2ETest, LeasesOfAKilledReaderExpireAtTheTtl) {
   reader.Stop(seconds(5));
   // While its lease lasts, puts still succeed by evicting the objects nobody holds.
   EXPECT_EQ(Put(writer, "p/", 200, 64 * 1024, "small")["ok"], 200);
-  auto deadline = std::chrono::steady_clock::now() + seconds(20);
-  while (Metric(master, "larder_lease_expiries_total") < 1 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  EXPECT_EQ(Metric(master, "larder_lease_expiries_total"), 1);
+  EXPECT_EQ(WaitForMetric(master, "larder_lease_expiries_total", 1, seconds(20)), 1);
   EXPECT_EQ(Metric(master, "larder_leases_active"), 0);
   EXPECT_EQ(Metric(master, "larder_lease_releases_total"), 0);
   // What it held is evictable again: it is the oldest, and goes first.
