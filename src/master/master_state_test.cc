@@ -66,6 +66,14 @@ class MasterStateTest : public ::testing::Test {
     if (!start.status.ok() || start.already_exists) return start.status;
     return PutEnd(client, key);
   }
+  // Puts pages k<first> .. k<last - 1> of 4 KiB as client "a"; the first failure, if any.
+  Status PutPages(int first, int last) {
+    for (int i = first; i < last; ++i) {
+      Status status = Put("a", "k" + std::to_string(i), 4096);
+      if (!status.ok()) return status.WithContext("k" + std::to_string(i));
+    }
+    return Status::Ok();
+  }
   // A get of one key, and its lease id (0: none).
   GetOutcome Get(const std::string& client, std::string_view key, uint64_t* lease_id = nullptr,
                  GetMode mode = GetMode::kLease) {
@@ -217,7 +225,7 @@ TEST_F(MasterStateTest, LeasedObjectsCannotBeRemovedUntilTheLeaseEnds) {
 
 TEST_F(MasterStateTest, PutEvictsLeastRecentlyUsedWhenFull) {
   Mount("a", "seg-a", 10 * 4096);
-  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  ASSERT_TRUE(PutPages(0, 10).ok());
   Advance(milliseconds(2000));  // no leases left
   // Touch k0 and k1: k2 becomes the oldest.
   ASSERT_TRUE(Get("a", "k0").status.ok());
@@ -254,7 +262,7 @@ TEST_F(MasterStateTest, EvictionNeverTouchesLeasedOrPinnedObjects) {
 
 TEST_F(MasterStateTest, NoBackgroundEvictionByDefault) {
   Mount("a", "seg-a", 100 * 4096);
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  ASSERT_TRUE(PutPages(0, 100).ok());
   Advance(milliseconds(2000));
   state_.RunMaintenance();
   EXPECT_EQ(state_.Stats().objects, 100u);  // a full pool is what the operator sized it for
@@ -268,7 +276,7 @@ class WatermarkTest : public MasterStateTest {
 
 TEST_F(WatermarkTest, MaintenanceEvictsFromTheHighWatermark) {
   Mount("a", "seg-a", 100 * 4096);
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  ASSERT_TRUE(PutPages(0, 100).ok());
   Advance(milliseconds(2000));
   state_.RunMaintenance();
   MasterStats stats = state_.Stats();
@@ -544,9 +552,9 @@ class ExactEvictionTest : public MasterStateTest {
 
 TEST_F(ExactEvictionTest, APutEvictsOnlyWhatItNeeds) {
   Mount("a", "seg-a", 200 * 4096);
-  for (int i = 0; i < 200; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  ASSERT_TRUE(PutPages(0, 200).ok());
   for (int i = 200; i < 260; ++i) {
-    ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+    ASSERT_TRUE(PutPages(i, i + 1).ok());
     ASSERT_EQ(state_.Stats().objects, 200u) << "after put " << i;
   }
   // Exactly the 60 oldest went, in LRU order.
@@ -590,7 +598,7 @@ TEST_F(ExactEvictionTest, LeastRecentlyUsedAcrossShardsWithMixedSizes) {
 
 TEST_F(ExactEvictionTest, ABatchPutIntoAFullPoolEvictsOnceForTheBatch) {
   Mount("a", "seg-a", 100 * 4096);
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  ASSERT_TRUE(PutPages(0, 100).ok());
   uint64_t runs = state_.Stats().eviction_runs;
   std::vector<std::string> names;
   for (int i = 0; i < 10; ++i) names.push_back("new" + std::to_string(i));
@@ -609,7 +617,7 @@ TEST_F(ExactEvictionTest, ABatchPutIntoAFullPoolEvictsOnceForTheBatch) {
 
 TEST_F(ExactEvictionTest, AnOversizeItemInABatchEvictsNothingForItself) {
   Mount("a", "seg-a", 100 * 4096);
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  ASSERT_TRUE(PutPages(0, 100).ok());
   std::vector<PutStartItem> items = {
       {"huge", uint64_t{1} << 63}, {"x", 4096}, {"wraps", UINT64_MAX / 2 + 2}, {"y", 4096}};
   auto started = state_.BatchPutStart("a", items, {});
@@ -624,7 +632,7 @@ TEST_F(ExactEvictionTest, AnOversizeItemInABatchEvictsNothingForItself) {
 
 TEST_F(MasterStateTest, ThePoolStaysFullWithTheDefaultSlack) {
   Mount("a", "seg-a", 2000 * 4096);
-  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(Put("a", "k" + std::to_string(i), 4096).ok());
+  ASSERT_TRUE(PutPages(0, 3000).ok());
   MasterStats stats = state_.Stats();
   // 0.1% of 2000 pages is 2 pages: each eviction frees the page needed and 2 more.
   EXPECT_GE(stats.objects, 1997u);
