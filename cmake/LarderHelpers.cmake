@@ -6,10 +6,12 @@ function(larder_target_defaults target)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 endfunction()
 
-# larder_add_test(NAME SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l] [TIMEOUT s])
+# larder_add_test(NAME SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l] [TIMEOUT s] [LOCK resource])
+# LOCK: tests that share a machine-wide resource (e.g. "hugepages", the hugetlb pool) never run
+# at the same time.
 # Builds a GoogleTest binary and registers its tests with ctest.
 function(larder_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;LOCK" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   larder_target_defaults(${name})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main Threads::Threads)
@@ -24,6 +26,9 @@ function(larder_add_test name)
     ENVIRONMENT_MODIFICATION "LARDER_LOG_LEVEL=set:warn")
   if(ARG_LABELS)
     list(APPEND properties LABELS "${ARG_LABELS}")
+  endif()
+  if(ARG_LOCK)
+    list(APPEND properties RESOURCE_LOCK "${ARG_LOCK}")
   endif()
   # The binary's name prefixes every test ("common_test.StatusTest.Ok"), so that
   # `ctest -R common_test` selects one binary's tests.

@@ -7,11 +7,19 @@
 //   store     puts and gets through the store across client processes
 //   master    metadata-only load on the master: ops/s and bytes per object
 //   replay    a request trace through the store: prefix hit rate against exact LRU
+//   mount     owner mount, peer open and first gets on large segments, and the memory they cost
+//   deployment  the RFC topology: two prefills hammering the store on host A, a decode pulling
+//             PD KV pages from them on host B (a network namespace when root allows)
+// Every subcommand accepts --json (the internal workers speak JSON anyway).
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
 
+#include "bench/deployment_bench.h"
+#include "bench/deployment_worker.h"
 #include "bench/master_bench.h"
+#include "bench/mount_bench.h"
+#include "bench/mount_worker.h"
 #include "bench/process.h"
 #include "bench/registration_bench.h"
 #include "bench/replay_bench.h"
@@ -82,6 +90,8 @@ int main(int argc, char** argv) {
   g->add_option("--segment-name", target.segment_name, "segment name")->capture_default_str();
   g->add_option("--protocol", target.protocol, "routes this engine enables")->capture_default_str();
   g->add_flag("--huge-pages", target.huge_pages, "use 2 MiB huge pages when available");
+  g->add_flag("--json", target.json,
+              "also announce the segment as one JSON object (after the READY line)");
 
   larder::bench::RegistrationBenchOptions registration;
   bool scattered = false;
@@ -97,6 +107,8 @@ int main(int argc, char** argv) {
   r->add_flag("--scattered", scattered, "one allocation per buffer");
   r->add_option("--rounds", registration.rounds, "register/deregister rounds")
       ->capture_default_str();
+  bool registration_json = true;
+  r->add_flag("--json", registration_json, "one JSON object (the default and only output)");
 
   larder::bench::StoreBenchOptions store;
   auto* s = app.add_subcommand("store",
@@ -181,6 +193,7 @@ int main(int argc, char** argv) {
   p->add_option("--plot", replay.plot,
                 "also sweep capacities and draw hit rate vs capacity into this SVG file");
 
+  bool worker_json = false;  // the internal workers always reply in JSON
   larder::bench::ReplayWorkerOptions replay_worker;
   auto* pw = app.add_subcommand("replay-worker", "a replay client driven over stdin (internal)");
   pw->group("");
@@ -190,6 +203,7 @@ int main(int argc, char** argv) {
       ->transform(ByteSize(/*allow_zero=*/true));
   pw->add_option("--segment-name", replay_worker.segment_name, "segment name");
   pw->add_option("--page-size", replay_worker.page_size, "bytes per block")->transform(ByteSize());
+  pw->add_flag("--json", worker_json, "accepted; replies are JSON anyway");
 
   larder::bench::StoreWorkerOptions worker;
   auto* w = app.add_subcommand("store-worker", "a store client driven over stdin (internal)");
@@ -199,8 +213,146 @@ int main(int argc, char** argv) {
   w->add_option("--segment-size", worker.segment_size, "bytes to contribute")
       ->transform(ByteSize(/*allow_zero=*/true));
   w->add_option("--segment-name", worker.segment_name, "segment name");
+  w->add_flag("--json", worker_json, "accepted; replies are JSON anyway");
+
+  larder::bench::MountBenchOptions mount;
+  std::string mount_sizes = "1G,64G,1T";
+  auto* mt = app.add_subcommand(
+      "mount", "owner mount, peer open and first gets on large segments, and their memory");
+  mt->add_option("--sizes", mount_sizes, "comma list of segment sizes (1G, 64G, 1T)")
+      ->capture_default_str();
+  mt->add_option("--huge-pages", mount.huge_pages,
+                 "page size of the owner's segment (2m, 1g: reserves hugetlb pages as root)")
+      ->check(CLI::IsMember({"off", "2m", "1g", "auto"}))
+      ->capture_default_str();
+  mt->add_option("--repeat", mount.repeat, "runs per size with fresh processes (medians)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  mt->add_flag("--json", mount.json, "one JSON object per size");
+
+  larder::bench::MountWorkerOptions mount_worker;
+  auto* mw = app.add_subcommand("mount-worker", "a mount client driven over stdin (internal)");
+  mw->group("");
+  mw->add_option("--master", mount_worker.master, "larder-master address");
+  mw->add_option("--segment-size", mount_worker.segment_size, "bytes to contribute")
+      ->transform(ByteSize(/*allow_zero=*/true));
+  mw->add_option("--segment-name", mount_worker.segment_name, "segment name");
+  mw->add_option("--huge-pages", mount_worker.huge_pages, "off, 2m, 1g or auto");
+  mw->add_flag("--json", worker_json, "accepted; replies are JSON anyway");
+
+  larder::bench::DeploymentBenchOptions deployment;
+  std::string deployment_protocols = "auto,tcp";
+  auto* dep = app.add_subcommand(
+      "deployment",
+      "the RFC topology on one machine: two prefills on host A hammer the store (each puts its "
+      "own KV pages and reads the other's) while a decode on host B pulls PD KV pages from both; "
+      "one run per store protocol, PD latency with the store hammered vs idle");
+  dep->footer(
+      "Host B is a network namespace joined by a veth pair (root and iproute2; removed on exit, "
+      "leftovers of crashed runs are removed on start); otherwise the decode runs here under "
+      "another LARDER_HOST_ID. Every byte read is verified. Faults: --kill-decode-after and "
+      "--kill-prefill-after (SIGKILL, seconds into the load). LARDER_PROTOCOL selects the PD "
+      "engines' routes; see docs/deployment.md.");
+  dep->add_option("--duration", deployment.duration_s, "seconds of load per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  dep->add_option("--idle-baseline", deployment.idle_baseline_s,
+                  "seconds of PD with the store idle before the load (pd_idle_p99_ms); 0: none")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  dep->add_option("--segment-size", deployment.segment_size,
+                  "bytes of each prefill's global segment (sparse memfd: 700G is fine)")
+      ->transform(ByteSize())
+      ->default_str("1G");
+  dep->add_option("--page-size", deployment.page_size, "bytes per store KV page")
+      ->transform(ByteSize())
+      ->default_str("64K");
+  dep->add_option("--batch", deployment.batch, "store pages per batch call")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  dep->add_option("--pd-pages", deployment.pd_pages, "KV pages per PD request")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  dep->add_option("--pd-page-size", deployment.pd_page_size, "bytes per PD KV page")
+      ->transform(ByteSize())
+      ->default_str("64K");
+  dep->add_option("--pd-segment-size", deployment.pd_segment_size,
+                  "bytes of each prefill's PD segment (pages are drawn at random from it)")
+      ->transform(ByteSize())
+      ->default_str("64M");
+  dep->add_option("--pd-timeout-ms", deployment.pd_timeout_ms, "deadline of one PD request")
+      ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
+  dep->add_option("--store-protocol", deployment_protocols,
+                  "comma list of LARDER_STORE_PROTOCOL values for the prefills, one run each "
+                  "(tcp: the NIC-style hairpin the RFC suffered)")
+      ->capture_default_str();
+  dep->add_option("--kill-decode-after", deployment.kill_decode_after_s,
+                  "SIGKILL the decode this many seconds into the load (reported as decode_died)")
+      ->check(CLI::NonNegativeNumber);
+  dep->add_option("--kill-prefill-after", deployment.kill_prefill_after_s,
+                  "SIGKILL prefill-1 this many seconds into the load (the decode's requests to it "
+                  "must fail fast with Unavailable)")
+      ->check(CLI::NonNegativeNumber);
+  dep->add_flag("--json", deployment.json,
+                "each run's summary as one JSON object per line (progress on stderr)");
+  dep->add_flag("--no-netns", deployment.no_netns,
+                "keep the decode in this namespace (another LARDER_HOST_ID) even as root");
+
+  bool deployment_worker_json = false;  // the deployment workers always print JSON
+  larder::bench::DeploymentPrefillOptions deployment_prefill;
+  auto* dp = app.add_subcommand("deployment-prefill", "a host-A prefill of deployment (internal)");
+  dp->group("");
+  dp->add_option("--name", deployment_prefill.name, "prefill name, key prefix, segment name");
+  dp->add_option("--master", deployment_prefill.master, "larder-master address");
+  dp->add_option("--segment-size", deployment_prefill.segment_size, "bytes to contribute")
+      ->transform(ByteSize());
+  dp->add_option("--page-size", deployment_prefill.page_size, "bytes per store page")
+      ->transform(ByteSize());
+  dp->add_option("--batch", deployment_prefill.batch, "pages per batch call");
+  dp->add_option("--pd-listen", deployment_prefill.pd_listen, "PD engine address (ip:port)");
+  dp->add_option("--pd-segment-size", deployment_prefill.pd_segment_size, "PD segment bytes")
+      ->transform(ByteSize());
+  dp->add_option("--pd-page-size", deployment_prefill.pd_page_size, "bytes per PD page")
+      ->transform(ByteSize());
+  dp->add_flag("--json", deployment_worker_json, "accepted; lines are JSON anyway");
+
+  larder::bench::DeploymentDecodeOptions deployment_decode;
+  int deployment_decode_timeout_ms = 2000;
+  auto* dd = app.add_subcommand("deployment-decode", "the host-B decode of deployment (internal)");
+  dd->group("");
+  dd->add_option("--listen", deployment_decode.listen, "engine address (ip:port)");
+  dd->add_option("--prefill", deployment_decode.prefills, "name=ip:port of a prefill's PD engine");
+  dd->add_option("--pd-pages", deployment_decode.pd_pages, "pages per request");
+  dd->add_option("--pd-page-size", deployment_decode.pd_page_size, "bytes per page")
+      ->transform(ByteSize());
+  dd->add_option("--timeout-ms", deployment_decode_timeout_ms, "deadline of one request");
+  dd->add_flag("--json", deployment_worker_json, "accepted; lines are JSON anyway");
 
   CLI11_PARSE(app, argc, argv);
+
+  if (dep->parsed()) {
+    deployment.store_protocols.clear();
+    for (size_t start = 0; start <= deployment_protocols.size();) {
+      size_t comma = deployment_protocols.find(',', start);
+      std::string protocol = deployment_protocols.substr(
+          start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (auto parsed = larder::ParseProtocol(protocol); protocol.empty() || !parsed.ok()) {
+        std::cerr << "larder-bench deployment: --store-protocol: '" << protocol
+                  << "' is not a protocol (auto, shm, tcp)\n";
+        return 2;
+      }
+      deployment.store_protocols.push_back(protocol);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return larder::bench::RunDeploymentBench(deployment);
+  }
+  if (dp->parsed()) return larder::bench::RunDeploymentPrefill(deployment_prefill);
+  if (dd->parsed()) {
+    deployment_decode.timeout = std::chrono::milliseconds(deployment_decode_timeout_ms);
+    return larder::bench::RunDeploymentDecode(deployment_decode);
+  }
 
   if (s->parsed()) {
     if (embedded && !store.master.empty()) {
@@ -227,6 +379,23 @@ int main(int argc, char** argv) {
   }
   if (pw->parsed()) return larder::bench::RunReplayWorker(replay_worker);
   if (m->parsed()) return larder::bench::RunMasterBench(master_bench);
+  if (mw->parsed()) return larder::bench::RunMountWorker(mount_worker);
+  if (mt->parsed()) {
+    mount.sizes.clear();
+    for (size_t start = 0; start <= mount_sizes.size();) {
+      size_t comma = mount_sizes.find(',', start);
+      auto size = larder::ParseByteSize(mount_sizes.substr(
+          start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (!size.ok()) {
+        std::cerr << "larder-bench mount: --sizes: " << size.status().message() << "\n";
+        return 2;
+      }
+      mount.sizes.push_back(*size);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return larder::bench::RunMountBench(mount, std::cout);
+  }
 
   if (r->parsed()) {
     if (scattered) registration.adjacent = false;

@@ -57,6 +57,9 @@ struct StoreClientOptions {
   std::string auth_token;
   // Host identity (same host = same id). Empty: LARDER_HOST_ID, else the kernel boot id.
   std::string host_id;
+  // Page size of the global segment: "off", "2m", "1g" or "auto" (see TransferEngineOptions).
+  // Empty: LARDER_HUGE_PAGES, else "off".
+  std::string huge_pages;
   // Longest time between heartbeats; shortened to a third of the master's client TTL.
   std::chrono::milliseconds heartbeat_interval{1000};
   // Deadline of each call to the master.

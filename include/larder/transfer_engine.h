@@ -71,11 +71,22 @@ enum class MemoryKind : uint8_t {
 
 std::string_view MemoryKindName(MemoryKind kind);
 
+// The page size of segment memory. kOff: normal pages. k2M, k1G: hugetlb pages of that size, or
+// fail with ResourceExhausted (saying how many are needed and free) when the pool lacks them.
+// kAuto: 2 MiB pages when the pool has enough, else normal pages.
+enum class HugePages : uint8_t { kOff = 0, k2M = 1, k1G = 2, kAuto = 3 };
+
+// "off", "2m", "1g", "auto".
+std::string_view HugePagesName(HugePages mode);
+// Parses "off" | "2m" | "1g" | "auto" (case-insensitive; "0"/"no"/"false" mean off).
+Result<HugePages> ParseHugePages(std::string_view text);
+
 // Memory owned by Larder and freed when the last reference goes away (munmap, close).
 class MemoryRegion {
  public:
-  // Takes ownership of a mapping (munmap) and of `fd` (close, when >= 0).
-  MemoryRegion(void* base, size_t size, MemoryKind kind, int fd, bool huge_pages);
+  // Takes ownership of a mapping (munmap) and of `fd` (close, when >= 0). `page_size` is the
+  // page size backing it (4 KiB, or a huge page size).
+  MemoryRegion(void* base, size_t size, MemoryKind kind, int fd, size_t page_size);
   // Memory whose owner frees it with `release` (e.g. a device allocator). `release` keeps whatever
   // it needs alive (the native library included), so the region may outlive its engine.
   MemoryRegion(void* base, size_t size, MemoryKind kind, std::function<void()> release);
@@ -88,14 +99,15 @@ class MemoryRegion {
   MemoryKind kind() const { return kind_; }
   // The memfd backing the region, or -1. Owned by the region.
   int fd() const { return fd_; }
-  bool huge_pages() const { return huge_pages_; }
+  size_t page_size() const { return page_size_; }
+  bool huge_pages() const { return page_size_ > 4096; }
 
  private:
   void* base_;
   size_t size_;
   MemoryKind kind_;
   int fd_;
-  bool huge_pages_;
+  size_t page_size_;
   std::function<void()> release_;
 };
 
@@ -118,6 +130,7 @@ struct SegmentDescriptor {
   std::string shm_socket;    // abstract Unix socket name for fd handoff; empty: no shm export
   uint64_t size = 0;
   MemoryKind memory_kind = MemoryKind::kAnonymous;
+  uint64_t page_size = 4096;  // of the memory behind it: 4 KiB, 2 MiB or 1 GiB
 
   std::string ToJson() const;
   static Result<SegmentDescriptor> FromJson(std::string_view json);
@@ -152,16 +165,65 @@ struct TransferEngineOptions {
   std::chrono::milliseconds default_timeout = std::chrono::seconds(30);
   // Largest batch Submit accepts.
   size_t max_batch_requests = 65536;
-  // Ask for 2 MiB huge pages in AllocateSegmentMemory; falls back to normal pages when none free.
+  // Page size of AllocateSegmentMemory: "off", "2m", "1g" or "auto" (see HugePages). Empty:
+  // LARDER_HUGE_PAGES, else "auto" when use_huge_pages, else "off". Create fails with
+  // InvalidArgument for anything else.
+  std::string huge_pages;
+  // Shorthand for huge_pages = "auto".
   bool use_huge_pages = false;
-  // Build the page tables of a peer's segment when mapping it over shm (MAP_POPULATE), so first
-  // accesses do not fault. Costs about 2 MiB of page tables and tens of ms per GiB of 4 KiB pages.
-  bool shm_prefault = true;
+  // Build the page tables of a whole peer segment when mapping it over shm (MAP_POPULATE). Off by
+  // default: a peer's segment is mapped in O(1) whatever its size, and only the ranges that are
+  // copied are faulted in (writes populate their range first, which is faster than faulting).
+  // Populating a 1 TiB segment takes minutes and as much memory as the segment; do not.
+  bool shm_prefault = false;
   // Uids allowed to map this engine's segments over shm. Empty: only this process's uid.
   std::vector<uint32_t> shm_allowed_uids;
   // When true, every local pointer must lie inside memory given to RegisterLocalMemory. (Transports
   // that need native registration require it regardless.)
   bool require_local_registration = false;
+};
+
+// Requests, bytes and failed requests, counted when a request finishes.
+struct TransferCounters {
+  uint64_t requests = 0;
+  uint64_t bytes = 0;  // moved by requests that succeeded and by the parts of failed ones that did
+  uint64_t failures = 0;
+  TransferCounters& operator+=(const TransferCounters& other) {
+    requests += other.requests;
+    bytes += other.bytes;
+    failures += other.failures;
+    return *this;
+  }
+};
+
+// What one route carried to and from one peer engine (this engine itself for kLocal).
+struct PeerTransferStats {
+  std::string engine_id;     // the peer: owner of the segments
+  std::string host_id;       // its host identity
+  std::string tcp_endpoint;  // its data server
+  RouteKind route = RouteKind::kNone;
+  TransferCounters reads;   // segment -> local
+  TransferCounters writes;  // local -> segment
+};
+
+// Counters since the engine was created. Cheap to take: no transfer waits for it.
+struct EngineStats {
+  // One entry per (peer, route) that carried a request, sorted by engine_id then route.
+  std::vector<PeerTransferStats> peers;
+  // Peer segments mapped into this process over shm now, and their total size (address space;
+  // resident memory is only what was copied).
+  uint64_t mapped_segments = 0;
+  uint64_t mapped_bytes = 0;
+  // Mappings dropped because their owner's process exited.
+  uint64_t mappings_dropped = 0;
+
+  // Reads and writes on `route` over every peer.
+  TransferCounters ByRoute(RouteKind route) const;
+  // Reads and writes with `engine_id` on `route`.
+  TransferCounters ByPeer(std::string_view engine_id, RouteKind route) const;
+  // {"peers":[{engine_id, host_id, tcp_endpoint, route, reads:{requests,bytes,failures},
+  //  writes:{...}}], "routes":{"shm":{requests,bytes,failures}, ...}, "mapped_segments":n, ...}
+  std::string ToJson() const;
 };
 
 enum class TransferOp : uint8_t {
@@ -201,12 +263,16 @@ class TransferEngine {
   virtual std::string address() const = 0;
   // Enabled routes in preference order, e.g. {kLocal, kSameHostShm, kTcp}.
   virtual std::vector<RouteKind> routes() const = 0;
+  // Requests, bytes and failures by peer and route, and the peer mappings held.
+  virtual EngineStats Stats() const = 0;
 
   // ---- Memory and segments (target side) ----
 
   // Allocates `size` bytes (rounded up to the page size) suited to export over the enabled routes:
-  // a sealed memfd when shm is enabled, anonymous memory otherwise. The memory is zeroed.
-  // Fails with InvalidArgument for size 0 and ResourceExhausted when memory is short.
+  // a sealed memfd when shm is enabled, anonymous memory otherwise. The memory is zeroed and
+  // sparse: it costs memory only where it is written, so a segment may be far larger than RAM.
+  // Huge pages follow options.huge_pages. Fails with InvalidArgument for size 0 or a size the
+  // address space cannot hold, and ResourceExhausted when memory or huge pages are short.
   virtual Result<std::shared_ptr<MemoryRegion>> AllocateSegmentMemory(size_t size) = 0;
 
   // Exports `memory` as segment `name`; the engine keeps a reference until unregistered.

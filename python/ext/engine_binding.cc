@@ -300,7 +300,7 @@ void BindEngine(py::module_& module) {
            py::arg("role") = "standalone", py::arg("copy_threads") = 0,
            py::arg("slice_bytes") = py::none(), py::arg("default_timeout") = py::none(),
            py::arg("tcp_connections_per_peer") = 4, py::arg("require_local_registration") = false,
-           py::arg("use_huge_pages") = false, py::arg("shm_prefault") = true)
+           py::arg("use_huge_pages") = false, py::arg("shm_prefault") = false)
       .def("close", &PyEngine::Close,
            "Stops the servers and transports; later calls raise FailedPreconditionError.")
       .def_property_readonly("closed", &PyEngine::closed)

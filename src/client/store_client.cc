@@ -482,6 +482,7 @@ class StoreClientImpl final : public StoreClient {
       proto::HeartbeatRequest request;
       proto::HeartbeatReply reply;
       request.set_client_id(engine_->id());
+      AddTraffic(&request);
       Status status = master_.Call("Heartbeat", &Stub::Heartbeat, request, &reply);
       if (!status.ok()) {
         if (reachable) Log().warn("heartbeat failed: {}", status.ToString());
@@ -496,9 +497,57 @@ class StoreClientImpl final : public StoreClient {
           Status mounted = Mount(generation);
           if (!mounted.ok()) Log().warn("remount failed: {}", mounted.ToString());
         }
+        if (reply.segments_version() != segments_version_) {
+          if (CloseGoneSegments()) segments_version_ = reply.segments_version();
+        }
       }
       lock.lock();
     }
+  }
+
+  // The engine's counters, for the master's /metrics.
+  void AddTraffic(proto::HeartbeatRequest* request) const {
+    EngineStats stats = engine_->Stats();
+    for (const PeerTransferStats& peer : stats.peers) {
+      if (request->traffic_size() >= 1024) break;
+      proto::RouteTraffic* t = request->add_traffic();
+      t->set_peer_client_id(peer.engine_id);
+      t->set_route(std::string(RouteKindName(peer.route)));
+      t->set_requests(peer.reads.requests + peer.writes.requests);
+      t->set_bytes(peer.reads.bytes + peer.writes.bytes);
+      t->set_failures(peer.reads.failures + peer.writes.failures);
+    }
+    request->set_mapped_segments(stats.mapped_segments);
+    request->set_mapped_bytes(stats.mapped_bytes);
+  }
+
+  // Closes the opened segments the master no longer lists (unmounted, or lost with their owner),
+  // so that their mappings go. False when the master could not be asked.
+  bool CloseGoneSegments() {
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard lock(cache_mu_);
+      for (const auto& [id, segment] : cache_) ids.push_back(id);
+    }
+    if (ids.empty()) return true;
+    proto::ListSegmentsRequest request;
+    proto::ListSegmentsReply reply;
+    request.mutable_segment_id()->Add(ids.begin(), ids.end());
+    Status status = master_.Call("ListSegments", &Stub::ListSegments, request, &reply);
+    if (!status.ok()) {
+      Log().debug("cannot check opened segments: {}", status.ToString());
+      return false;
+    }
+    std::vector<uint64_t> live;
+    for (const proto::SegmentInfo& info : reply.segments()) live.push_back(info.segment_id());
+    size_t closed = 0;
+    for (uint64_t id : ids) {
+      if (std::find(live.begin(), live.end(), id) != live.end()) continue;
+      ForgetSegment(id);
+      ++closed;
+    }
+    if (closed > 0) Log().info("closed {} segment(s) the master no longer has", closed);
+    return true;
   }
 
   // ---- lease releases ----
@@ -627,6 +676,26 @@ class StoreClientImpl final : public StoreClient {
     }
   }
 
+  // A segment this client failed to reach is placed last in its puts for a while: until the
+  // master drops it (its owner expired), or kAvoidFor, whichever comes first.
+  static constexpr auto kAvoidFor = std::chrono::seconds(30);
+
+  void MarkUnreachable(uint64_t id) {
+    std::lock_guard lock(cache_mu_);
+    unreachable_[id] = SteadyClock::now() + kAvoidFor;
+  }
+
+  void AddUnreachable(proto::BatchPutStartRequest* request) {
+    std::lock_guard lock(cache_mu_);
+    if (unreachable_.empty()) return;
+    const auto now = SteadyClock::now();
+    std::erase_if(unreachable_, [now](const auto& entry) { return entry.second < now; });
+    for (const auto& [id, until] : unreachable_) {
+      if (request->avoid_segments_size() >= 64) break;
+      request->add_avoid_segments(id);
+    }
+  }
+
   void ForgetSegment(uint64_t id) {
     std::lock_guard lock(cache_mu_);
     auto it = cache_.find(id);
@@ -651,6 +720,7 @@ class StoreClientImpl final : public StoreClient {
     request.mutable_preferred_segments()->Add(config.preferred_segments.begin(),
                                               config.preferred_segments.end());
     request.set_pin(config.pin);
+    AddUnreachable(&request);
     Status status = Rpc("BatchPutStart", &Stub::BatchPutStart, &request, &reply);
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
 
@@ -664,7 +734,8 @@ class StoreClientImpl final : public StoreClient {
     OpenSegments(segment_ids, &opened);
 
     std::vector<TransferRequest> transfers;
-    std::vector<size_t> owner;  // transfers[j] writes a replica of keys[owner[j]]
+    std::vector<size_t> owner;        // transfers[j] writes a replica of keys[owner[j]]
+    std::vector<uint64_t> target_of;  // ... into master segment target_of[j]
     std::vector<bool> started(keys.size(), false);
     for (size_t i = 0; i < keys.size(); ++i) {
       const proto::PutStartResult& result = reply.results(static_cast<int>(i));
@@ -676,17 +747,20 @@ class StoreClientImpl final : public StoreClient {
         if (segment == nullptr) {
           results[i] = UnavailableError("key '" + keys[i] + "': segment " +
                                         std::to_string(replica.segment_id()) + " is unreachable");
+          MarkUnreachable(replica.segment_id());
           break;
         }
         transfers.push_back(TransferRequest{TransferOp::kWrite, const_cast<void*>(srcs[i]),
                                             segment->handle, replica.offset(), sizes[i]});
         owner.push_back(i);
+        target_of.push_back(replica.segment_id());
       }
     }
     if (!transfers.empty()) {
       auto done = engine_->TransferSync(transfers, options_.transfer_timeout);
       for (size_t j = 0; j < transfers.size(); ++j) {
         Status transfer = done.ok() ? (*done)[j].status : done.status();
+        if (transfer.code() == StatusCode::kUnavailable) MarkUnreachable(target_of[j]);
         if (!transfer.ok() && results[owner[j]].ok()) {
           results[owner[j]] = transfer.WithContext("writing key '" + keys[owner[j]] + "'");
         }
@@ -862,9 +936,11 @@ class StoreClientImpl final : public StoreClient {
   std::atomic<uint64_t> mount_generation_{0};
   uint64_t master_segment_id_ = 0;  // guarded by mount_mu_
   uint64_t incarnation_ = 0;        // written under mount_mu_; read by the heartbeat thread
+  uint64_t segments_version_ = 0;   // the heartbeat thread's
 
   std::mutex cache_mu_;
-  std::unordered_map<uint64_t, OpenedSegment> cache_;  // guarded by cache_mu_
+  std::unordered_map<uint64_t, OpenedSegment> cache_;        // guarded by cache_mu_
+  std::map<uint64_t, SteadyClock::time_point> unreachable_;  // avoid until; guarded by cache_mu_
 
   mutable std::shared_mutex buffers_mu_;
   std::map<uintptr_t, size_t> buffers_;  // guarded by buffers_mu_
@@ -896,6 +972,7 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOption
   engine_options.listen_address = options.local_hostname + ":0";
   engine_options.auth_token = options.auth_token;
   engine_options.host_id = options.host_id;
+  engine_options.huge_pages = options.huge_pages;
   engine_options.default_timeout = options.transfer_timeout;
   LARDER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine,
                           TransferEngine::Create(engine_options));

@@ -1,6 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "common/env.h"
 
+#include <sys/stat.h>
+
 #include <sys/random.h>
 
 #include <algorithm>
@@ -98,11 +100,20 @@ std::string DefaultHostId() {
   if (!env.empty()) return env;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
-  if (in && std::getline(in, id) && !id.empty()) return id;
+  if (in && std::getline(in, id) && !id.empty()) {
+    if (uint64_t netns = NetworkNamespaceId(); netns != 0) id += "-net" + std::to_string(netns);
+    return id;
+  }
   // No boot id (unusual container): a per-process random id keeps locality decisions safe, since
   // shm is then still confirmed by the handoff.
   static const std::string fallback = "unknown-" + std::to_string(RandomU64());
   return fallback;
+}
+
+uint64_t NetworkNamespaceId() {
+  struct stat st {};
+  if (stat("/proc/self/ns/net", &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
 }
 
 uint64_t RandomU64() {

@@ -30,8 +30,13 @@ std::string FormatByteSize(uint64_t bytes);
 std::string FormatHex(uint64_t value);
 
 // This machine's identity: LARDER_HOST_ID when set and non-empty, else the kernel boot id
-// (/proc/sys/kernel/random/boot_id). Never derived from hostnames or addresses.
+// (/proc/sys/kernel/random/boot_id) and the network namespace, "<boot id>-net<inode>": a process
+// in another network namespace cannot reach this one's abstract Unix sockets, so it is another
+// host. Never derived from hostnames or addresses.
 std::string DefaultHostId();
+
+// The inode of this process's network namespace (/proc/self/ns/net), or 0 when unknown.
+uint64_t NetworkNamespaceId();
 
 // Random 64-bit value from the OS.
 uint64_t RandomU64();

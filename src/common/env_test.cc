@@ -127,14 +127,21 @@ TEST(DefaultHostIdTest, UsesTheKernelBootIdWhenUnset) {
   std::string boot_id = KernelBootId();
   if (boot_id.empty()) GTEST_SKIP() << "no /proc/sys/kernel/random/boot_id here";
   ScopedEnv env("LARDER_HOST_ID", std::nullopt);
-  EXPECT_EQ(DefaultHostId(), boot_id);
+  EXPECT_EQ(DefaultHostId(), boot_id + "-net" + std::to_string(NetworkNamespaceId()));
+}
+
+TEST(DefaultHostIdTest, IncludesTheNetworkNamespace) {
+  ASSERT_NE(NetworkNamespaceId(), 0u) << "no /proc/self/ns/net";
+  ScopedEnv env("LARDER_HOST_ID", std::nullopt);
+  std::string id = DefaultHostId();
+  EXPECT_TRUE(id.ends_with("-net" + std::to_string(NetworkNamespaceId()))) << id;
 }
 
 TEST(DefaultHostIdTest, EmptyVariableCountsAsUnset) {
   std::string boot_id = KernelBootId();
   if (boot_id.empty()) GTEST_SKIP() << "no /proc/sys/kernel/random/boot_id here";
   ScopedEnv env("LARDER_HOST_ID", "");
-  EXPECT_EQ(DefaultHostId(), boot_id);
+  EXPECT_EQ(DefaultHostId(), boot_id + "-net" + std::to_string(NetworkNamespaceId()));
 }
 
 TEST(GetEnvTest, ReturnsValueOrEmpty) {

@@ -29,6 +29,78 @@ void Histogram(std::ostringstream& out, const char* name, const char* help,
       << name << "_count " << snapshot.count << '\n';
 }
 
+// A label value as Prometheus' text format wants it: backslash, quote and newline escaped.
+std::string LabelValue(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// The page size a segment's descriptor announces (4 KiB when it says none).
+uint64_t PageSizeOf(const SegmentView& segment) {
+  auto j = nlohmann::json::parse(segment.descriptor, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object()) {
+    auto it = j.find("page_size");
+    if (it != j.end() && it->is_number_unsigned()) return it->get<uint64_t>();
+  }
+  return 4096;
+}
+
+void RenderTraffic(std::ostringstream& out, const MasterState& state) {
+  auto traffic = state.Traffic();
+  struct Family {
+    const char* name;
+    const char* help;
+    uint64_t RouteTrafficReport::*field;
+  };
+  static constexpr Family kFamilies[] = {
+      {"larder_client_transfer_requests_total",
+       "Transfer requests a client's engine finished, by peer engine and route.",
+       &RouteTrafficReport::requests},
+      {"larder_client_transfer_bytes_total",
+       "Bytes a client's engine moved, by peer engine and route (tcp to a peer on the same host "
+       "is the hairpin to watch for).",
+       &RouteTrafficReport::bytes},
+      {"larder_client_transfer_failures_total",
+       "Transfer requests of a client's engine that failed, by peer engine and route.",
+       &RouteTrafficReport::failures},
+  };
+  for (const Family& family : kFamilies) {
+    out << "# HELP " << family.name << ' ' << family.help << "\n# TYPE " << family.name
+        << " counter\n";
+    for (const auto& [client, report] : traffic) {
+      for (const RouteTrafficReport& route : report.routes) {
+        out << family.name << "{client=\"" << LabelValue(client) << "\",peer=\""
+            << LabelValue(route.peer_client_id) << "\",route=\"" << LabelValue(route.route)
+            << "\"} " << route.*family.field << '\n';
+      }
+    }
+  }
+  out << "# HELP larder_client_mapped_segments Peer segments a client maps over shm.\n"
+         "# TYPE larder_client_mapped_segments gauge\n";
+  for (const auto& [client, report] : traffic) {
+    out << "larder_client_mapped_segments{client=\"" << LabelValue(client) << "\"} "
+        << report.mapped_segments << '\n';
+  }
+  out << "# HELP larder_client_mapped_bytes Address space of the peer segments a client maps "
+         "(resident memory is only what it copied).\n"
+         "# TYPE larder_client_mapped_bytes gauge\n";
+  for (const auto& [client, report] : traffic) {
+    out << "larder_client_mapped_bytes{client=\"" << LabelValue(client) << "\"} "
+        << report.mapped_bytes << '\n';
+  }
+}
+
 }  // namespace
 
 std::string RenderMetrics(const MasterState& state) {
@@ -87,14 +159,22 @@ std::string RenderMetrics(const MasterState& state) {
          "# TYPE larder_segment_bytes_used gauge\n";
   auto segments = state.ListSegments({});
   for (const SegmentView& segment : segments) {
-    out << "larder_segment_bytes_used{segment=\"" << segment.name << "\"} " << segment.used << '\n';
+    out << "larder_segment_bytes_used{segment=\"" << LabelValue(segment.name) << "\"} "
+        << segment.used << '\n';
   }
   out << "# HELP larder_segment_bytes_capacity Bytes per segment.\n"
          "# TYPE larder_segment_bytes_capacity gauge\n";
   for (const SegmentView& segment : segments) {
-    out << "larder_segment_bytes_capacity{segment=\"" << segment.name << "\"} " << segment.size
-        << '\n';
+    out << "larder_segment_bytes_capacity{segment=\"" << LabelValue(segment.name) << "\"} "
+        << segment.size << '\n';
   }
+  out << "# HELP larder_segment_page_bytes Page size behind each segment (4 KiB, or huge pages).\n"
+         "# TYPE larder_segment_page_bytes gauge\n";
+  for (const SegmentView& segment : segments) {
+    out << "larder_segment_page_bytes{segment=\"" << LabelValue(segment.name) << "\"} "
+        << PageSizeOf(segment) << '\n';
+  }
+  RenderTraffic(out, state);
   return out.str();
 }
 
@@ -113,6 +193,7 @@ void InstallHttpRoutes(httplib::Server& server, MasterState& state) {
                      {"client_id", segment.client_id},
                      {"host_id", segment.host_id},
                      {"size", segment.size},
+                     {"page_size", PageSizeOf(segment)},
                      {"used", segment.used},
                      {"objects", segment.objects}});
     }

@@ -52,6 +52,7 @@ void MasterState::ExpireClients(int64_t now) {
     std::vector<SegmentId> segments = segments_.SegmentsOf(slot);
     for (SegmentId id : segments) segments_.Unmount(id, slot).IgnoreError();
     DropSegments(segments, slot);
+    ForgetTraffic(client_id);
     counters_.client_expiries.fetch_add(1, std::memory_order_relaxed);
     Log().warn("client {} silent for over {} ms: expired, {} segment(s) unmounted", client_id,
                options_.client_ttl.count(), segments.size());
@@ -68,6 +69,7 @@ void MasterState::ExpireLeases(int64_t now) {
 }
 
 void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot) {
+  if (!segments.empty()) segments_version_.fetch_add(1);
   auto dropped = [&](const StoredReplica& replica) {
     return std::find(segments.begin(), segments.end(), replica.segment_id) != segments.end();
   };

@@ -59,6 +59,55 @@ TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
   (*server)->Shutdown();
 }
 
+TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = 0;
+  auto server = MasterServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  MasterState& state = (*server)->state();
+  SegmentMount mount{"huge-seg", 0x10000, 1 << 20, R"({"page_size":2097152})"};
+  ASSERT_TRUE(state.MountSegments("prefill-a", "host-a", std::span(&mount, 1))[0].ok());
+  ClientTraffic traffic;
+  traffic.routes.push_back({"prefill-b", "shm", 10, 40960, 0});
+  traffic.routes.push_back({"decode \"x\"", "tcp", 2, 8192, 1});  // quotes must be escaped
+  traffic.mapped_segments = 1;
+  traffic.mapped_bytes = 1ull << 40;
+  EXPECT_FALSE(state.Heartbeat("prefill-a", &traffic).remount_required);
+  ClientTraffic stranger;
+  stranger.routes.push_back({"x", "tcp", 1, 1, 0});
+  EXPECT_TRUE(state.Heartbeat("unknown", &stranger).remount_required);  // not kept
+
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  const std::string& body = metrics->body;
+  EXPECT_NE(body.find("larder_client_transfer_bytes_total{client=\"prefill-a\",peer=\"prefill-b\","
+                      "route=\"shm\"} 40960\n"),
+            std::string::npos)
+      << body;
+  EXPECT_NE(body.find("larder_client_transfer_failures_total{client=\"prefill-a\",peer=\"decode "
+                      "\\\"x\\\"\",route=\"tcp\"} 1\n"),
+            std::string::npos)
+      << body;
+  EXPECT_NE(body.find("larder_client_mapped_bytes{client=\"prefill-a\"} 1099511627776\n"),
+            std::string::npos);
+  EXPECT_NE(body.find("larder_segment_page_bytes{segment=\"huge-seg\"} 2097152\n"),
+            std::string::npos);
+  EXPECT_EQ(body.find("client=\"unknown\""), std::string::npos);
+  auto segments = http.Get("/segments");
+  ASSERT_TRUE(segments);
+  EXPECT_EQ(nlohmann::json::parse(segments->body)[0]["page_size"], 2097152);
+
+  // A client that leaves takes its report with it.
+  ASSERT_TRUE(state.UnmountSegments("prefill-a", {}, /*unregister=*/true).ok());
+  metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->body.find("client=\"prefill-a\""), std::string::npos);
+  (*server)->Shutdown();
+}
+
 TEST(MasterServerTest, TakenPortIsAClearError) {
   MasterServerOptions options;
   options.listen_host = "127.0.0.1";

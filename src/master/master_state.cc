@@ -154,18 +154,46 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
     for (SegmentId id : segments_.SegmentsOf(slot)) {
       if (segments_.Unmount(id, slot).ok()) unmounted.push_back(id);
     }
+    ForgetTraffic(client_id);
     Log().info("client {} left", client_id);
   }
   if (!unmounted.empty() || unregister) DropSegments(unmounted, unregister ? slot : 0);
   return results;
 }
 
-HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id) {
-  std::lock_guard lock(clients_mu_);
-  auto it = clients_.find(client_id);
-  if (it == clients_.end()) return HeartbeatOutcome{.remount_required = true};
-  it->second.last_seen = Now();
-  return HeartbeatOutcome{};
+HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id, ClientTraffic* traffic) {
+  HeartbeatOutcome outcome{.segments_version = segments_version_.load()};
+  {
+    std::lock_guard lock(clients_mu_);
+    auto it = clients_.find(client_id);
+    if (it == clients_.end()) {
+      outcome.remount_required = true;
+      return outcome;
+    }
+    it->second.last_seen = Now();
+  }
+  if (traffic != nullptr) {
+    if (traffic->routes.size() > kMaxTrafficEntries) traffic->routes.resize(kMaxTrafficEntries);
+    for (RouteTrafficReport& route : traffic->routes) {
+      if (route.peer_client_id.size() > kMaxTrafficLabelBytes) {
+        route.peer_client_id.resize(kMaxTrafficLabelBytes);
+      }
+      if (route.route.size() > kMaxTrafficLabelBytes) route.route.resize(kMaxTrafficLabelBytes);
+    }
+    std::lock_guard lock(traffic_mu_);
+    traffic_[client_id] = std::move(*traffic);
+  }
+  return outcome;
+}
+
+std::vector<std::pair<std::string, ClientTraffic>> MasterState::Traffic() const {
+  std::lock_guard lock(traffic_mu_);
+  return {traffic_.begin(), traffic_.end()};
+}
+
+void MasterState::ForgetTraffic(const std::string& client_id) {
+  std::lock_guard lock(traffic_mu_);
+  traffic_.erase(client_id);
 }
 
 // ---- objects ----

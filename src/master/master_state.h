@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -60,8 +61,13 @@ class MasterState {
   Result<std::vector<Status>> UnmountSegments(const std::string& client_id,
                                               std::span<const SegmentId> segments,
                                               bool unregister = false);
-  // Marks the client alive. remount_required when the master does not know it.
-  HeartbeatOutcome Heartbeat(const std::string& client_id);
+  // Marks the client alive and keeps its traffic report (when given) for the metrics.
+  // remount_required when the master does not know it.
+  HeartbeatOutcome Heartbeat(const std::string& client_id, ClientTraffic* traffic = nullptr);
+  // Bumped whenever a segment is unmounted or lost with its client.
+  uint64_t segments_version() const { return segments_version_.load(); }
+  // The last traffic report of every live client that sent one, by client id.
+  std::vector<std::pair<std::string, ClientTraffic>> Traffic() const;
 
   // ---- objects ----
 
@@ -178,7 +184,12 @@ class MasterState {
 
   mutable std::mutex clients_mu_;
   std::unordered_map<std::string, ClientRecord> clients_;  // guarded by clients_mu_
-  uint32_t next_client_slot_ = 1;                          // guarded by clients_mu_
+  std::atomic<uint64_t> segments_version_{1};
+
+  mutable std::mutex traffic_mu_;
+  std::map<std::string, ClientTraffic> traffic_;  // of live clients, guarded by traffic_mu_
+  void ForgetTraffic(const std::string& client_id);
+  uint32_t next_client_slot_ = 1;  // guarded by clients_mu_
 
   std::mutex quarantine_mu_;
   std::deque<QuarantinedRanges> quarantine_;  // guarded by quarantine_mu_

@@ -320,6 +320,46 @@ TEST_F(MasterStateTest, SilentClientIsExpiredAndItsReplicasDropped) {
   EXPECT_TRUE(Put("a", "x", 10).ok());
 }
 
+TEST_F(MasterStateTest, SegmentsTheWriterCannotReachArePlacedLast) {
+  SegmentId dead = Mount("a", "seg-a", 1 << 20);
+  SegmentId alive = Mount("b", "seg-b", 1 << 20);
+  PutOptions avoid;
+  avoid.avoid_segments = {dead};
+  avoid.preferred_segments = {"seg-a"};  // even a preferred segment goes last
+  PutStartOutcome placed = PutStart("a", "k", 4096, avoid);
+  ASSERT_TRUE(placed.status.ok()) << placed.status;
+  ASSERT_EQ(placed.replicas.size(), 1u);
+  EXPECT_EQ(placed.replicas[0].segment_id, alive);
+  // With nowhere else to go, an avoided segment is still used.
+  PutOptions two = avoid;
+  two.replica_num = 2;
+  PutStartOutcome both = PutStart("a", "k2", 4096, two);
+  ASSERT_TRUE(both.status.ok()) << both.status;
+  ASSERT_EQ(both.replicas.size(), 2u);
+  EXPECT_EQ(both.replicas[0].segment_id, alive);
+  EXPECT_EQ(both.replicas[1].segment_id, dead);
+}
+
+TEST_F(MasterStateTest, SegmentsVersionChangesWhenASegmentGoes) {
+  Mount("a", "seg-a", 1 << 20);
+  Mount("b", "seg-b", 1 << 20);
+  const uint64_t start = state_.Heartbeat("b").segments_version;
+  EXPECT_EQ(state_.Heartbeat("a").segments_version, start);
+  // Unmounted by its owner.
+  ASSERT_TRUE(state_.UnmountSegments("a", {}, /*unregister=*/true).ok());
+  const uint64_t after_leave = state_.Heartbeat("b").segments_version;
+  EXPECT_NE(after_leave, start);
+  // Lost with an owner that went silent.
+  Mount("c", "seg-c", 1 << 20);
+  EXPECT_EQ(state_.Heartbeat("b").segments_version, after_leave) << "a mount needs no action";
+  for (int i = 0; i < 6; ++i) {
+    Advance(milliseconds(1000));
+    state_.Heartbeat("b");
+    state_.RunMaintenance();
+  }
+  EXPECT_NE(state_.Heartbeat("b").segments_version, after_leave);
+}
+
 TEST_F(MasterStateTest, AbandonedPutIsRevokedAndItsSpaceReclaimedAfterGrace) {
   Mount("a", "seg-a", 1 << 20);
   ASSERT_TRUE(PutStart("a", "zombie", 8192).status.ok());

@@ -98,9 +98,13 @@ SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t wr
                                             segment->view.host_id == writer_host,
                                             segment->allocator.free_bytes(), segment->view.size});
   }
+  std::vector<SegmentId> avoided;
   for (size_t index : OrderPlacement(candidates, 0, options.preferred_segments, strategy_)) {
-    plan.order.push_back(ids[index]);
+    const bool avoid = std::find(options.avoid_segments.begin(), options.avoid_segments.end(),
+                                 ids[index]) != options.avoid_segments.end();
+    (avoid ? avoided : plan.order).push_back(ids[index]);
   }
+  plan.order.insert(plan.order.end(), avoided.begin(), avoided.end());
   return plan;
 }
 

@@ -106,8 +106,21 @@ class MasterService final : public proto::Master::Service {
 
   grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* request,
                          proto::HeartbeatReply* reply) override {
-    HeartbeatOutcome outcome = state_->Heartbeat(request->client_id());
+    ClientTraffic traffic;
+    const int entries = std::min<int>(request->traffic_size(), kMaxTrafficEntries);
+    traffic.routes.reserve(static_cast<size_t>(entries));
+    for (int i = 0; i < entries; ++i) {
+      const proto::RouteTraffic& t = request->traffic(i);
+      traffic.routes.push_back(
+          {t.peer_client_id(), t.route(), t.requests(), t.bytes(), t.failures()});
+    }
+    traffic.mapped_segments = request->mapped_segments();
+    traffic.mapped_bytes = request->mapped_bytes();
+    const bool reported = entries > 0 || traffic.mapped_segments > 0;
+    HeartbeatOutcome outcome =
+        state_->Heartbeat(request->client_id(), reported ? &traffic : nullptr);
     reply->set_remount_required(outcome.remount_required);
+    reply->set_segments_version(outcome.segments_version);
     reply->set_master_incarnation(state_->incarnation());
     reply->set_client_ttl_ms(static_cast<uint64_t>(state_->options().client_ttl.count()));
     return grpc::Status::OK;
@@ -125,6 +138,9 @@ class MasterService final : public proto::Master::Service {
     options.replica_num = std::max<uint32_t>(request->replica_num(), 1);
     options.preferred_segments.assign(request->preferred_segments().begin(),
                                       request->preferred_segments().end());
+    const int avoid = std::min(request->avoid_segments_size(), 64);
+    options.avoid_segments.assign(request->avoid_segments().begin(),
+                                  request->avoid_segments().begin() + avoid);
     options.pin = request->pin();
     auto results = state_->BatchPutStart(request->client_id(), items, options);
     if (!results.ok()) return ToGrpc(results.status());

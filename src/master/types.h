@@ -87,6 +87,7 @@ inline constexpr uint32_t kMaxReplicas = 64;
 struct PutOptions {
   uint32_t replica_num = 1;                     // 1..kMaxReplicas
   std::vector<std::string> preferred_segments;  // names, tried in order before the strategy
+  std::vector<uint64_t> avoid_segments;         // ids the writer cannot reach: tried last
   bool pin = false;
 };
 
@@ -127,7 +128,28 @@ struct GetBatch {
 
 struct HeartbeatOutcome {
   bool remount_required = false;
+  uint64_t segments_version = 0;  // see MasterState::segments_version
 };
+
+// A client's transfer counters with one peer on one route, as its heartbeat reported them.
+struct RouteTrafficReport {
+  std::string peer_client_id;
+  std::string route;
+  uint64_t requests = 0;
+  uint64_t bytes = 0;
+  uint64_t failures = 0;
+};
+
+// What a client's heartbeats say about its data path.
+struct ClientTraffic {
+  std::vector<RouteTrafficReport> routes;
+  uint64_t mapped_segments = 0;
+  uint64_t mapped_bytes = 0;
+};
+
+// Bounds on a heartbeat's report; a report past them is cut, never trusted to be small.
+inline constexpr size_t kMaxTrafficEntries = 1024;
+inline constexpr size_t kMaxTrafficLabelBytes = 256;
 
 struct RemoveAllOutcome {
   uint64_t removed = 0;

@@ -47,6 +47,7 @@ std::string SegmentDescriptor::ToJson() const {
       {"shm_socket", shm_socket},
       {"size", size},
       {"memory_kind", std::string(MemoryKindName(memory_kind))},
+      {"page_size", page_size},
   };
   return j.dump();
 }
@@ -79,6 +80,14 @@ Result<SegmentDescriptor> SegmentDescriptor::FromJson(std::string_view json) {
   LARDER_RETURN_IF_ERROR(get_str("host_id", &d.host_id));
   LARDER_RETURN_IF_ERROR(get_str("tcp_endpoint", &d.tcp_endpoint));
   LARDER_RETURN_IF_ERROR(get_str("shm_socket", &d.shm_socket));
+  // Descriptors from engines that predate page sizes describe normal pages.
+  if (j.contains("page_size")) {
+    LARDER_RETURN_IF_ERROR(get_u64("page_size", &d.page_size));
+    if (d.page_size < 4096 || (d.page_size & (d.page_size - 1)) != 0) {
+      return InvalidArgumentError("segment descriptor has page_size " +
+                                  std::to_string(d.page_size) + ", not a power of two >= 4096");
+    }
+  }
   std::string kind;
   LARDER_RETURN_IF_ERROR(get_str("memory_kind", &kind));
   if (kind == "memfd") {
@@ -91,6 +100,49 @@ Result<SegmentDescriptor> SegmentDescriptor::FromJson(std::string_view json) {
     return InvalidArgumentError("unknown memory_kind '" + kind + "' in segment descriptor");
   }
   return d;
+}
+
+TransferCounters EngineStats::ByRoute(RouteKind route) const {
+  TransferCounters sum;
+  for (const PeerTransferStats& peer : peers) {
+    if (peer.route != route) continue;
+    sum += peer.reads;
+    sum += peer.writes;
+  }
+  return sum;
+}
+
+TransferCounters EngineStats::ByPeer(std::string_view engine_id, RouteKind route) const {
+  TransferCounters sum;
+  for (const PeerTransferStats& peer : peers) {
+    if (peer.route != route || peer.engine_id != engine_id) continue;
+    sum += peer.reads;
+    sum += peer.writes;
+  }
+  return sum;
+}
+
+std::string EngineStats::ToJson() const {
+  auto counters = [](const TransferCounters& c) {
+    return nlohmann::json{{"requests", c.requests}, {"bytes", c.bytes}, {"failures", c.failures}};
+  };
+  nlohmann::json list = nlohmann::json::array();
+  nlohmann::json routes = nlohmann::json::object();
+  for (const PeerTransferStats& peer : peers) {
+    list.push_back({{"engine_id", peer.engine_id},
+                    {"host_id", peer.host_id},
+                    {"tcp_endpoint", peer.tcp_endpoint},
+                    {"route", std::string(RouteKindName(peer.route))},
+                    {"reads", counters(peer.reads)},
+                    {"writes", counters(peer.writes)}});
+    routes[std::string(RouteKindName(peer.route))] = counters(ByRoute(peer.route));
+  }
+  return nlohmann::json{{"peers", list},
+                        {"routes", routes},
+                        {"mapped_segments", mapped_segments},
+                        {"mapped_bytes", mapped_bytes},
+                        {"mappings_dropped", mappings_dropped}}
+      .dump();
 }
 
 std::string ResolveProtocol(EngineRole role, const std::string& configured) {

@@ -26,6 +26,25 @@
 namespace larder {
 namespace transfer {
 
+// What one route carried with one peer engine; lives as long as the engine.
+struct PeerCounters {
+  std::string engine_id;
+  std::string host_id;
+  std::string tcp_endpoint;
+  RouteKind route = RouteKind::kNone;
+  struct Op {
+    std::atomic<uint64_t> requests{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> failures{0};
+    TransferCounters Load() const {
+      return {requests.load(std::memory_order_relaxed), bytes.load(std::memory_order_relaxed),
+              failures.load(std::memory_order_relaxed)};
+    }
+  };
+  Op reads;
+  Op writes;
+};
+
 // A segment opened by this engine: its primary route and lazily opened fallbacks.
 struct OpenedSegment {
   SegmentHandle handle = 0;
@@ -35,6 +54,7 @@ struct OpenedSegment {
     RouteKind kind = RouteKind::kNone;      // transport->route(), cached for the hot path
     std::shared_ptr<RemoteSegment> remote;  // null until opened
     bool failed = false;                    // open was tried and failed
+    PeerCounters* counters = nullptr;       // owned by the engine
   };
   // routes[0] is the primary and is immutable after open; later entries are guarded by mu.
   std::vector<Route> routes;
@@ -93,6 +113,7 @@ class Engine final : public TransferEngine, public SliceCallback {
     for (const auto& t : transports_) out.push_back(t->route());
     return out;
   }
+  EngineStats Stats() const override;
 
   Result<std::shared_ptr<MemoryRegion>> AllocateSegmentMemory(size_t size) override;
   Result<SegmentId> RegisterSegment(std::string name,
@@ -133,14 +154,17 @@ class Engine final : public TransferEngine, public SliceCallback {
   Status ValidateRequest(const TransferRequest& r, const OpenedSegment* segment) const;
   // Describes [base, base + size) through every transport and adds it to the exports.
   Result<SegmentId> Export(std::string name, uint8_t* base, uint64_t size, MemoryKind kind,
-                           std::shared_ptr<MemoryRegion> memory);
+                           size_t page_size, std::shared_ptr<MemoryRegion> memory);
   uint64_t SliceCount(uint64_t length) const {
     return (length + options_.slice_bytes - 1) / options_.slice_bytes;
   }
   bool LocalRangeRegistered(const void* ptr, uint64_t length) const;
   // Opens the next route after `attempt` for a retry; null when there is none.
   OpenedSegment::Route* NextRoute(OpenedSegment* segment, uint32_t* attempt);
-  void FinishSlice(BatchState* batch, Slice* slice, const Status& status, RouteKind route);
+  void FinishSlice(BatchState* batch, Slice* slice, const Status& status,
+                   const OpenedSegment::Route& route);
+  // The counters of (descriptor's engine, route), created on first use.
+  PeerCounters* CountersFor(const SegmentDescriptor& descriptor, RouteKind route);
 
   TransferEngineOptions options_;
   std::vector<std::unique_ptr<Transport>> transports_;
@@ -159,7 +183,43 @@ class Engine final : public TransferEngine, public SliceCallback {
   std::map<uintptr_t, uint64_t> local_regions_;  // start -> length, guarded by local_mu_
 
   BatchTable batches_;
+
+  mutable std::mutex stats_mu_;
+  std::map<std::pair<std::string, RouteKind>, std::unique_ptr<PeerCounters>> counters_;  // guarded
 };
+
+PeerCounters* Engine::CountersFor(const SegmentDescriptor& descriptor, RouteKind route) {
+  std::lock_guard lock(stats_mu_);
+  auto& slot = counters_[{descriptor.engine_id, route}];
+  if (!slot) {
+    slot = std::make_unique<PeerCounters>();
+    slot->engine_id = descriptor.engine_id;
+    slot->host_id = descriptor.host_id;
+    slot->tcp_endpoint = descriptor.tcp_endpoint;
+    slot->route = route;
+  }
+  return slot.get();
+}
+
+EngineStats Engine::Stats() const {
+  EngineStats stats;
+  {
+    std::lock_guard lock(stats_mu_);
+    for (const auto& [key, c] : counters_) {
+      PeerTransferStats peer;
+      peer.engine_id = c->engine_id;
+      peer.host_id = c->host_id;
+      peer.tcp_endpoint = c->tcp_endpoint;
+      peer.route = c->route;
+      peer.reads = c->reads.Load();
+      peer.writes = c->writes.Load();
+      if (peer.reads.requests == 0 && peer.writes.requests == 0) continue;
+      stats.peers.push_back(std::move(peer));
+    }
+  }
+  for (const auto& t : transports_) t->AddStats(&stats);
+  return stats;
+}
 
 Status Engine::Init() {
   context_.host_id = options_.host_id.empty() ? DefaultHostId() : options_.host_id;
@@ -170,6 +230,15 @@ Status Engine::Init() {
   context_.engine_id = context_.host_id + "/" + std::to_string(getpid()) + "/" + nonce;
   context_.options = &options_;
   context_.exports = &exports_;
+  std::string huge = options_.huge_pages;
+  if (huge.empty()) huge = GetEnv("LARDER_HUGE_PAGES");
+  if (huge.empty()) huge = options_.use_huge_pages ? "auto" : "off";
+  auto huge_pages = ParseHugePages(huge);
+  if (!huge_pages.ok()) {
+    return huge_pages.status().WithContext(options_.huge_pages.empty() ? "LARDER_HUGE_PAGES"
+                                                                       : "huge_pages");
+  }
+  context_.huge_pages = *huge_pages;
   if (options_.slice_bytes == 0) return InvalidArgumentError("slice_bytes must be > 0");
   if (options_.slice_bytes > (64ULL << 20)) {
     return InvalidArgumentError("slice_bytes must be at most 64 MiB");
@@ -212,7 +281,7 @@ Result<std::shared_ptr<MemoryRegion>> Engine::AllocateSegmentMemory(size_t size)
   if (chosen == nullptr) {
     return FailedPreconditionError("no enabled transport can allocate segment memory");
   }
-  return chosen->Allocate(size, options_.use_huge_pages);
+  return chosen->Allocate(size, context_.huge_pages);
 }
 
 Result<SegmentId> Engine::RegisterSegment(std::string name, std::shared_ptr<MemoryRegion> memory) {
@@ -220,7 +289,8 @@ Result<SegmentId> Engine::RegisterSegment(std::string name, std::shared_ptr<Memo
   auto* base = static_cast<uint8_t*>(memory->data());
   size_t size = memory->size();
   MemoryKind kind = memory->kind();
-  return Export(std::move(name), base, size, kind, std::move(memory));
+  size_t page_size = memory->page_size();
+  return Export(std::move(name), base, size, kind, page_size, std::move(memory));
 }
 
 Result<SegmentId> Engine::RegisterSegment(std::string name, void* base, size_t size) {
@@ -228,11 +298,11 @@ Result<SegmentId> Engine::RegisterSegment(std::string name, void* base, size_t s
     return InvalidArgumentError("segment '" + name + "' needs a non-null base and size > 0");
   }
   return Export(std::move(name), static_cast<uint8_t*>(base), size, MemoryKind::kAnonymous,
-                nullptr);
+                static_cast<size_t>(sysconf(_SC_PAGESIZE)), nullptr);
 }
 
 Result<SegmentId> Engine::Export(std::string name, uint8_t* base, uint64_t size, MemoryKind kind,
-                                 std::shared_ptr<MemoryRegion> memory) {
+                                 size_t page_size, std::shared_ptr<MemoryRegion> memory) {
   SegmentDescriptor d;
   d.name = std::move(name);
   d.engine_id = context_.engine_id;
@@ -240,11 +310,12 @@ Result<SegmentId> Engine::Export(std::string name, uint8_t* base, uint64_t size,
   d.tcp_endpoint = context_.tcp_endpoint;
   d.size = size;
   d.memory_kind = kind;
+  d.page_size = page_size;
   for (auto& t : transports_) t->Describe(&d);
   std::string label = d.name;
   LARDER_ASSIGN_OR_RETURN(SegmentId id, exports_.Add(std::move(d), base, std::move(memory)));
-  Log().info("exported segment '{}' (id {}, {} bytes, {}) from engine {}", label, id, size,
-             MemoryKindName(kind), context_.engine_id);
+  Log().info("exported segment '{}' (id {}, {} bytes, {}, {} pages) from engine {}", label, id,
+             size, MemoryKindName(kind), FormatByteSize(page_size), context_.engine_id);
   return id;
 }
 
@@ -313,9 +384,12 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
         }
         continue;
       }
-      opened->routes.push_back({t.get(), t->route(), std::move(remote).value(), false});
+      opened->routes.push_back({t.get(), t->route(), std::move(remote).value(), false,
+                                CountersFor(descriptor, t->route())});
     } else {
-      opened->routes.push_back({t.get(), t->route(), nullptr, false});  // opened on first need
+      // Opened on first need.
+      opened->routes.push_back(
+          {t.get(), t->route(), nullptr, false, CountersFor(descriptor, t->route())});
     }
   }
   if (opened->routes.empty()) {
@@ -343,10 +417,21 @@ Result<SegmentHandle> Engine::OpenSegment(const std::string& address, const std:
 }
 
 Status Engine::CloseSegment(SegmentHandle handle) {
-  std::unique_lock lock(opened_mu_);
-  if (opened_.erase(handle) == 0)
-    return NotFoundError("no open segment handle " + std::to_string(handle));
-  close_version_.fetch_add(1);
+  std::shared_ptr<OpenedSegment> closed;
+  {
+    std::unique_lock lock(opened_mu_);
+    auto it = opened_.find(handle);
+    if (it == opened_.end())
+      return NotFoundError("no open segment handle " + std::to_string(handle));
+    closed = std::move(it->second);
+    opened_.erase(it);
+    close_version_.fetch_add(1);
+  }
+  // Idle batches may keep the OpenedSegment itself a while (their cache); its mappings go now.
+  std::lock_guard lock(closed->mu);
+  for (OpenedSegment::Route& route : closed->routes) {
+    if (route.remote) route.remote->Close();
+  }
   return Status();
 }
 
@@ -498,7 +583,8 @@ OpenedSegment::Route* Engine::NextRoute(OpenedSegment* segment, uint32_t* attemp
 void Engine::OnSliceDone(Slice* slice, Status status) {
   auto* batch = static_cast<BatchState*>(slice->batch);
   OpenedSegment* segment = batch->request_segment[slice->request];
-  RouteKind route = segment->routes[slice->attempt].kind;
+  const OpenedSegment::Route& used = segment->routes[slice->attempt];
+  RouteKind route = used.kind;
   if (!status.ok() && IsRetryable(status) && Clock::now() < slice->deadline) {
     uint32_t attempt = slice->attempt;
     if (OpenedSegment::Route* next = NextRoute(segment, &attempt)) {
@@ -513,10 +599,15 @@ void Engine::OnSliceDone(Slice* slice, Status status) {
       return;
     }
   }
-  FinishSlice(batch, slice, status, route);
+  FinishSlice(batch, slice, status, used);
 }
 
-void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status, RouteKind route) {
+void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status,
+                         const OpenedSegment::Route& used) {
+  const RouteKind route = used.kind;
+  PeerCounters::Op& counters =
+      slice->op == TransferOp::kRead ? used.counters->reads : used.counters->writes;
+  if (status.ok()) counters.bytes.fetch_add(slice->length, std::memory_order_relaxed);
   RequestProgress& p = batch->progress[slice->request];
   // When this is the request's last slice no other thread touches its counters, so plain
   // stores replace read-modify-writes (the common single-slice case stays cheap).
@@ -541,6 +632,11 @@ void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status, 
     p.pending_slices.store(0, std::memory_order_release);
   } else if (p.pending_slices.fetch_sub(1, std::memory_order_acq_rel) != 1) {
     return;
+  }
+  counters.requests.fetch_add(1, std::memory_order_relaxed);
+  if (batch->failed_requests.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard lock(batch->mu);
+    if (!p.status.ok()) counters.failures.fetch_add(1, std::memory_order_relaxed);
   }
   if (batch->pending_requests.load(std::memory_order_acquire) == 1) {
     batch->pending_requests.store(0, std::memory_order_seq_cst);

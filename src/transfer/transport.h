@@ -30,6 +30,7 @@ struct EngineContext {
   std::string auth_token;    // empty: no token
   std::string tcp_endpoint;  // the engine's data server, "ip:port"
   const TransferEngineOptions* options = nullptr;
+  HugePages huge_pages = HugePages::kOff;  // resolved from options and LARDER_HUGE_PAGES
   SegmentExports* exports = nullptr;
   ThreadPool* copy_pool = nullptr;
 };
@@ -61,6 +62,9 @@ class RemoteSegment {
   explicit RemoteSegment(SegmentDescriptor descriptor) : descriptor_(std::move(descriptor)) {}
   virtual ~RemoteSegment() = default;
   const SegmentDescriptor& descriptor() const { return descriptor_; }
+  // The engine closed the segment: let go of what it holds (a mapping) now, even while an idle
+  // batch still references this object. Copies already started finish; later ones fail.
+  virtual void Close() {}
 
  private:
   SegmentDescriptor descriptor_;
@@ -90,13 +94,15 @@ class Transport {
   virtual void Stop() {}
 
   // Memory that peers can reach through this transport.
-  virtual Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) {
+  virtual Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, HugePages huge_pages) {
     (void)size;
     (void)huge_pages;
     return UnimplementedError(std::string(name()) + " does not allocate segment memory");
   }
   // Adds this transport's export details (e.g. the shm socket) to a descriptor of our own segment.
   virtual void Describe(SegmentDescriptor* descriptor) const { (void)descriptor; }
+  // Adds what this transport holds (e.g. mapped peer segments) to the engine's stats.
+  virtual void AddStats(EngineStats* stats) const { (void)stats; }
 
   virtual Status RegisterLocalMemory(void* ptr, size_t size) {
     (void)ptr;

@@ -1,8 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // larder-e2e-peer: a second process for end-to-end tests.
-//   serve  export a segment filled with a known pattern, print "READY <address>", serve until
-//          stdin closes
+//   serve  export a segment filled with a known pattern, print "READY <address>" (and with
+//          --print-host-id "HOST <host id>"), serve until stdin closes
 //   probe  open a peer's segment (optionally after dropping to another uid), read it, and print
 //          "ROUTE <route>" and "STATUS <code name>" ; exits 0 when the probe ran
 #include <unistd.h>
@@ -19,7 +19,8 @@ namespace {
 // Byte i of a served segment.
 uint8_t PatternByte(uint64_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 12)); }
 
-int Serve(const std::string& protocol, uint64_t size, const std::string& token, int allowed_uid) {
+int Serve(const std::string& protocol, uint64_t size, const std::string& token, int allowed_uid,
+          bool print_host_id) {
   larder::TransferEngineOptions options;
   options.protocol = protocol;
   options.auth_token = token;
@@ -42,6 +43,7 @@ int Serve(const std::string& protocol, uint64_t size, const std::string& token, 
     return 1;
   }
   larder::bench::AnnounceReady((*engine)->address());
+  if (print_host_id) std::cout << "HOST " << (*engine)->host_id() << std::endl;
   larder::bench::WaitForParentOrSignal();
   return 0;
 }
@@ -87,16 +89,18 @@ int main(int argc, char** argv) {
   std::string protocol = "auto", token, target;
   uint64_t size = 64ULL << 20;
   int allowed_uid = -1, uid = -1;
+  bool print_host_id = false;
   auto* serve = app.add_subcommand("serve", "export a patterned segment named 'e2e'");
   serve->add_option("--protocol", protocol)->capture_default_str();
   serve->add_option("--segment-size", size)->capture_default_str();
   serve->add_option("--token", token, "cluster token");
   serve->add_option("--allowed-uid", allowed_uid, "the only uid allowed to map over shm");
+  serve->add_flag("--print-host-id", print_host_id, "print \"HOST <host id>\" after READY");
   auto* probe = app.add_subcommand("probe", "open a peer's 'e2e' segment and read it");
   probe->add_option("--target", target)->required();
   probe->add_option("--protocol", protocol)->capture_default_str();
   probe->add_option("--uid", uid, "switch to this uid first (needs root)");
   CLI11_PARSE(app, argc, argv);
-  if (serve->parsed()) return Serve(protocol, size, token, allowed_uid);
+  if (serve->parsed()) return Serve(protocol, size, token, allowed_uid, print_host_id);
   return Probe(target, protocol, uid);
 }

@@ -242,6 +242,79 @@ double WaitForMetric(const Master& master, const std::string& name, double at_le
   return value;
 }
 
+// Reads a worker's stats until `done` accepts them or `timeout` passes; returns the last ones.
+template <typename Condition>
+json WaitForStats(ChildProcess& worker, Condition done, milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  json stats = Send(worker, {{"cmd", "stats"}});
+  while (!done(stats) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+    stats = Send(worker, {{"cmd", "stats"}});
+  }
+  return stats;
+}
+
+TEST(StoreE2ETest, ReadersDropTheMappingsOfSegmentsThatAreGone) {
+  // A reader maps each owner's segment on its first read of it. When an owner dies (its process
+  // is watched) or unmounts (the master says so), the mapping goes and the memory with it.
+  Master master = StartMaster({"--client-ttl", "3s"});
+  ChildProcess reader = StartWorker(master, "reader", "16M");
+  constexpr int kOwners = 4;
+  constexpr int kValues = 48;
+  constexpr uint64_t kValueSize = 1 << 20;
+  std::vector<ChildProcess> owners;
+  for (int i = 0; i < kOwners; ++i) {
+    std::string name = "owner" + std::to_string(i);
+    owners.push_back(StartWorker(master, name, "128M"));
+    EXPECT_EQ(Put(owners.back(), name + "/", kValues, kValueSize, name)["ok"], kValues);
+  }
+  const json baseline = Send(reader, {{"cmd", "stats"}});
+  for (int i = 0; i < kOwners; ++i) {
+    std::string name = "owner" + std::to_string(i);
+    EXPECT_EQ(Get(reader, name + "/", kValues, kValueSize)["verified"], kValues);
+  }
+  json mapped = Send(reader, {{"cmd", "stats"}});
+  EXPECT_EQ(mapped["mapped_segments"], kOwners) << mapped;
+  EXPECT_EQ(mapped["mapped_bytes"], kOwners * (128ull << 20)) << mapped;
+  const uint64_t per_owner = kValues * kValueSize;
+  uint64_t shmem = mapped["rss_shmem_bytes"].get<uint64_t>();
+  EXPECT_GE(shmem, baseline["rss_shmem_bytes"].get<uint64_t>() + kOwners * per_owner) << mapped;
+  // Every byte came over shm, none over tcp.
+  EXPECT_GE(mapped["routes"]["shm"]["bytes"].get<uint64_t>(), kOwners * per_owner) << mapped;
+  EXPECT_FALSE(mapped["routes"].contains("tcp")) << mapped;
+
+  // Owners killed in turn: each time the reader's shared memory falls by what it had mapped.
+  for (int i = 0; i < kOwners - 1; ++i) {
+    owners[i].Kill(SIGKILL);
+    owners[i].Stop(seconds(5));
+    const int left = kOwners - 1 - i;
+    json after = WaitForStats(
+        reader, [&](const json& s) { return s["mapped_segments"] == left; }, seconds(10));
+    EXPECT_EQ(after["mapped_segments"], left) << after;
+    const uint64_t now = after["rss_shmem_bytes"].get<uint64_t>();
+    EXPECT_LE(now + per_owner - (4 << 20), shmem) << "owner " << i << ": " << after;
+    shmem = now;
+  }
+  // The last owner leaves the cluster but its process lives on: the master's report drops it.
+  EXPECT_EQ(Send(owners.back(), {{"cmd", "unmount"}})["unmounted"], true);
+  json last = WaitForStats(
+      reader, [](const json& s) { return s["mapped_segments"] == 0; }, seconds(10));
+  EXPECT_EQ(last["mapped_segments"], 0) << last;
+  EXPECT_EQ(last["mappings_dropped"], kOwners - 1) << last;
+  EXPECT_LE(last["rss_shmem_bytes"].get<uint64_t>(),
+            baseline["rss_shmem_bytes"].get<uint64_t>() + (8 << 20))
+      << last;
+
+  // The reader's heartbeats carried its traffic to the master's /metrics.
+  std::string reader_id = last["client_id"];
+  httplib::Client http("127.0.0.1", master.http_port);
+  auto response = http.Get("/metrics");
+  ASSERT_TRUE(response);
+  EXPECT_NE(response->body.find("larder_client_transfer_bytes_total{client=\"" + reader_id + "\""),
+            std::string::npos)
+      << response->body;
+}
+
 // Eviction under pressure while a reader holds leases: a reader may miss an evicted key, but
 // never sees the bytes of another object.
 TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {

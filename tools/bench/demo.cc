@@ -40,8 +40,8 @@ Status RunDemo(const DemoOptions& options, std::ostream& out) {
       << FormatByteSize(segment_size) << ") at " << target.address() << "; this process is "
       << getpid() << "\n\n";
 
-  LARDER_ASSIGN_OR_RETURN(auto source, AllocateAnonymous(options.transfer_bytes, false));
-  LARDER_ASSIGN_OR_RETURN(auto sink, AllocateAnonymous(options.transfer_bytes, false));
+  LARDER_ASSIGN_OR_RETURN(auto source, AllocateAnonymous(options.transfer_bytes, HugePages::kOff));
+  LARDER_ASSIGN_OR_RETURN(auto sink, AllocateAnonymous(options.transfer_bytes, HugePages::kOff));
   std::mt19937_64 rng(42);
   auto* src = static_cast<uint64_t*>(source->data());
   for (size_t i = 0; i < options.transfer_bytes / 8; ++i) src[i] = rng();

@@ -2,6 +2,7 @@
 #include "bench/store_worker.h"
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -16,15 +17,40 @@ namespace {
 using json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
 
+// A field of /proc/self/status in bytes ("VmRSS", "RssShmem"); 0 when absent.
+uint64_t ProcStatusBytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with(field + ":")) return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
 class Worker {
  public:
   explicit Worker(std::unique_ptr<StoreClient> client) : client_(std::move(client)) {}
   ~Worker() {
-    if (!buffer_.empty()) client_->UnregisterBuffer(buffer_.data()).IgnoreError();
+    if (client_ && !buffer_.empty()) client_->UnregisterBuffer(buffer_.data()).IgnoreError();
   }
 
   json Handle(const json& cmd) {
     std::string name = cmd.value("cmd", "");
+    if (!client_) return {{"error", "the client has unmounted"}};
+    if (name == "stats") {
+      json stats = json::parse(client_->engine().Stats().ToJson());
+      stats["client_id"] = client_->client_id();
+      stats["rss_shmem_bytes"] = ProcStatusBytes("RssShmem");
+      stats["rss_bytes"] = ProcStatusBytes("VmRSS");
+      return stats;
+    }
+    if (name == "unmount") {
+      // Leaves the cluster (segment unmounted, engine gone) while the process lives on.
+      if (!buffer_.empty()) client_->UnregisterBuffer(buffer_.data()).IgnoreError();
+      buffer_.clear();
+      client_.reset();
+      return {{"unmounted", true}};
+    }
     if (name == "put") return Put(cmd);
     if (name == "get") return Get(cmd);
     if (name == "exist") return Exist(cmd);

@@ -16,6 +16,10 @@
 //   {"cmd":"exist", "keys":[...]}   -> {"exist":[true|false|null]}
 //   {"cmd":"remove", "keys":[...]}  -> {"codes":[status code per key]}
 //   {"cmd":"route", "segment":name} -> {"route":"shm"} or {"error":...}
+//   {"cmd":"stats"}   -> the engine's EngineStats JSON, plus "client_id", "rss_bytes" and
+//                        "rss_shmem_bytes" of this process
+//   {"cmd":"unmount"} -> {"unmounted":true}: the client leaves (segment unmounted, engine gone)
+//                        and the process stays; later commands get an error
 // Values are self-checking (bench/values.h); every get is verified.
 #pragma once
 

@@ -2,6 +2,8 @@
 #include "bench/target.h"
 
 #include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "larder/transfer_engine.h"
 
@@ -20,6 +22,15 @@ Status RunTarget(const TargetOptions& options) {
   LARDER_ASSIGN_OR_RETURN(SegmentId id, engine->RegisterSegment(options.segment_name, memory));
   (void)id;
   AnnounceReady(engine->address());
+  if (options.json) {
+    // After READY: ChildProcess::Spawn reads up to that line, so the protocol is unchanged.
+    nlohmann::json announcement = {{"address", engine->address()},
+                                   {"segment_name", options.segment_name},
+                                   {"segment_size", memory->size()},
+                                   {"page_size", memory->page_size()},
+                                   {"protocol", options.protocol}};
+    std::cout << announcement.dump() << std::endl;
+  }
   WaitForParentOrSignal();
   return Status();
 }
@@ -32,6 +43,7 @@ Result<ChildProcess> SpawnTarget(const TargetOptions& options,
                                    "--segment-name", options.segment_name,
                                    "--protocol",     options.protocol};
   if (options.huge_pages) argv.push_back("--huge-pages");
+  if (options.json) argv.push_back("--json");
   std::map<std::string, std::string> child_env = env;
   if (!options.auth_token.empty()) child_env["LARDER_AUTH_TOKEN"] = options.auth_token;
   return ChildProcess::Spawn(argv, child_env, std::chrono::seconds(60));

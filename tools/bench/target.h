@@ -20,10 +20,14 @@ struct TargetOptions {
   std::string auth_token;         // empty: LARDER_AUTH_TOKEN or none
   bool huge_pages = false;
   uint8_t fill = 0x5a;  // every byte of the segment starts with this value
+  // After "READY <address>", also print one JSON object describing what is served: address,
+  // segment_name, segment_size, page_size, protocol.
+  bool json = false;
 };
 
-// Creates the engine and segment, prints "READY <address>", and serves until stdin closes or
-// SIGTERM/SIGINT. REQUIRES: BlockTerminationSignals() ran first.
+// Creates the engine and segment, prints "READY <address>" (and, with options.json, the JSON
+// announcement), and serves until stdin closes or SIGTERM/SIGINT. REQUIRES:
+// BlockTerminationSignals() ran first.
 Status RunTarget(const TargetOptions& options);
 
 // Starts `<this executable> target ...` with `options` and extra environment `env`.

@@ -145,7 +145,7 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
   bool progress = o.progress && !o.json && isatty(STDERR_FILENO);
 
   // memcpy's source/destination: a separate region of the working set's size, touched once.
-  LARDER_ASSIGN_OR_RETURN(auto memcpy_region, AllocateAnonymous(working_set, false));
+  LARDER_ASSIGN_OR_RETURN(auto memcpy_region, AllocateAnonymous(working_set, HugePages::kOff));
   std::memset(memcpy_region->data(), 0x33, memcpy_region->size());
   auto* region = static_cast<uint8_t*>(memcpy_region->data());
 
@@ -154,7 +154,7 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
   // work), and a long-running process pays it once, not per request.
   {
     const uint64_t chunk = std::min<uint64_t>(working_set, 4ULL << 20);
-    LARDER_ASSIGN_OR_RETURN(auto scratch, AllocateAnonymous(chunk, false));
+    LARDER_ASSIGN_OR_RETURN(auto scratch, AllocateAnonymous(chunk, HugePages::kOff));
     for (uint64_t off = 0; off + chunk <= working_set; off += chunk) {
       TransferRequest pass[2] = {{TransferOp::kRead, scratch->data(), segment, off, chunk},
                                  {TransferOp::kWrite, scratch->data(), segment, off, chunk}};
@@ -174,7 +174,7 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
       size_t local_bytes = o.batch * block;
       std::vector<std::shared_ptr<MemoryRegion>> locals;
       for (size_t t = 0; t < o.threads; ++t) {
-        LARDER_ASSIGN_OR_RETURN(auto local, AllocateAnonymous(local_bytes, false));
+        LARDER_ASSIGN_OR_RETURN(auto local, AllocateAnonymous(local_bytes, HugePages::kOff));
         std::memset(local->data(), 0x77, local->size());
         locals.push_back(std::move(local));
       }

@@ -54,7 +54,7 @@ class DeviceTransport final : public Transport {
     return Status();
   }
 
-  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) override {
+  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, HugePages huge_pages) override {
     (void)huge_pages;  // the native allocator keeps its own page policy
     LARDER_ASSIGN_OR_RETURN(int device, EnsureInit());
     DeviceScope scope(*backend_, device);

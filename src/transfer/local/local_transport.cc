@@ -22,7 +22,7 @@ class LocalTransport final : public Transport {
     return Status();
   }
 
-  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) override {
+  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, HugePages huge_pages) override {
     return AllocateAnonymous(size, huge_pages);
   }
 

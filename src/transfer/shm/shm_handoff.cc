@@ -138,10 +138,14 @@ void ShmHandoffServer::Serve(int fd) {
 }
 
 Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const std::string& token,
-                            Deadline deadline, uint64_t* size) {
+                            Deadline deadline, uint64_t* size, pid_t* owner_pid) {
   std::string peer = "engine " + descriptor.engine_id + " (@" + descriptor.shm_socket + ")";
   auto conn = UnixConnectAbstract(descriptor.shm_socket, deadline);
   if (!conn.ok()) return UnavailableError(peer + ": " + conn.status().message());
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  *owner_pid =
+      getsockopt(conn->get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.pid : 0;
   HandoffServerMessage hello;
   Fd unused;
   LARDER_RETURN_IF_ERROR(RecvWithFd(conn->get(), &hello, sizeof(hello), &unused, deadline, peer)

@@ -73,8 +73,10 @@ class ShmHandoffServer {
 };
 
 // Asks the owner behind `descriptor.shm_socket` for the segment's memfd. The returned fd is open.
+// `owner_pid` receives the pid of the process that served it, as the kernel reports it for the
+// socket (SO_PEERCRED, in this process's pid namespace; 0 when it is not visible here).
 // PermissionDenied when the owner refuses our uid or token; Unavailable when it is unreachable.
 Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const std::string& token,
-                            Deadline deadline, uint64_t* size);
+                            Deadline deadline, uint64_t* size, pid_t* owner_pid);
 
 }  // namespace larder::transfer

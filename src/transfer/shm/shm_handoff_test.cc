@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <random>
@@ -48,9 +49,11 @@ class ShmHandoffTest : public ::testing::Test {
   // The server still hands out the real segment afterwards.
   void ExpectServing() {
     uint64_t size = 0;
-    auto fd = RequestSegmentFd(descriptor_, "", Clock::now() + 3s, &size);
+    pid_t owner = 0;
+    auto fd = RequestSegmentFd(descriptor_, "", Clock::now() + 3s, &size, &owner);
     ASSERT_TRUE(fd.ok()) << fd.status();
     EXPECT_EQ(size, descriptor_.size);
+    EXPECT_EQ(owner, getpid());  // the kernel's word for who served it
   }
 
   std::unique_ptr<TransferEngine> engine_;
@@ -78,13 +81,14 @@ TEST_F(ShmHandoffTest, UnknownSegmentAndStaleEpochAreNotFound) {
   SegmentDescriptor unknown = descriptor_;
   unknown.segment_id += 1000;
   uint64_t size = 0;
-  auto fd = RequestSegmentFd(unknown, "", Clock::now() + 3s, &size);
+  pid_t owner = 0;
+  auto fd = RequestSegmentFd(unknown, "", Clock::now() + 3s, &size, &owner);
   ASSERT_FALSE(fd.ok());
   EXPECT_EQ(fd.status().code(), StatusCode::kNotFound) << fd.status();
 
   SegmentDescriptor stale = descriptor_;
   stale.epoch ^= 1;
-  fd = RequestSegmentFd(stale, "", Clock::now() + 3s, &size);
+  fd = RequestSegmentFd(stale, "", Clock::now() + 3s, &size, &owner);
   ASSERT_FALSE(fd.ok());
   EXPECT_EQ(fd.status().code(), StatusCode::kNotFound) << fd.status();
   ExpectServing();

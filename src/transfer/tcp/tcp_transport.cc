@@ -43,7 +43,7 @@ class TcpTransport final : public Transport {
     for (auto& [name, peer] : peers) peer->Stop();
   }
 
-  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) override {
+  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, HugePages huge_pages) override {
     return AllocateAnonymous(size, huge_pages);
   }
 

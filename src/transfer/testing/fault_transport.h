@@ -36,7 +36,7 @@ class FaultTransport final : public Transport {
   TransportCaps caps() const override;
   Status Start(const EngineContext& context) override { return inner_->Start(context); }
   void Stop() override { inner_->Stop(); }
-  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, bool huge_pages) override {
+  Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, HugePages huge_pages) override {
     return inner_->Allocate(size, huge_pages);
   }
   void Describe(SegmentDescriptor* descriptor) const override { inner_->Describe(descriptor); }

@@ -1,0 +1,202 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// `larder-bench deployment` end to end: the RFC topology (two prefills sharing a store on host A,
+// a decode pulling PD KV pages from them on host B) in real processes. Host B is a network
+// namespace when this test runs as root with iproute2, else this namespace under another
+// LARDER_HOST_ID; the bench decides, and the test checks which it chose.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/netns.h"
+#include "bench/process.h"
+
+namespace larder {
+namespace {
+
+using bench::ChildProcess;
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string Bin(const std::string& name) {
+  const char* dir = std::getenv("LARDER_BIN_DIR");
+  return std::string(dir != nullptr ? dir : ".") + "/" + name;
+}
+
+// Removes what a bench with this pid may have left (a killed bench cannot tear down), even when
+// an assertion ends the test early.
+class NamespaceCleanup {
+ public:
+  explicit NamespaceCleanup(pid_t pid) : pid_(pid) {}
+  ~NamespaceCleanup() {
+    if (pid_ > 0 && bench::NetnsUsable().ok()) bench::RemoveNamespacesOfPid(pid_);
+  }
+
+ private:
+  pid_t pid_;
+};
+
+struct BenchRun {
+  std::vector<json> summaries;  // JSON lines with "store_protocol"
+  int exit_status = -1;
+  bool netns_left = false;  // a namespace of the bench's pid still existed after it exited
+};
+
+// Runs `larder-bench deployment <flags> --json` to completion (bounded by a deadline).
+BenchRun RunDeployment(std::vector<std::string> flags) {
+  // The shell announces readiness for ChildProcess::Spawn, then becomes the bench (same pid, so
+  // the bench's namespace is "larder-dep-<that pid>").
+  std::vector<std::string> argv = {
+      "/bin/sh",           "-c",         "echo READY bench; exec \"$0\" \"$@\"",
+      Bin("larder-bench"), "deployment", "--json"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  BenchRun run;
+  auto child = ChildProcess::Spawn(argv, {}, seconds(30));
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return run;
+  NamespaceCleanup cleanup(child->pid());
+  auto deadline = std::chrono::steady_clock::now() + seconds(300);
+  for (;;) {
+    auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ADD_FAILURE() << "larder-bench deployment did not finish in time";
+      break;
+    }
+    auto line = child->ReadLine(left);
+    if (!line.ok()) {
+      EXPECT_EQ(line.status().code(), StatusCode::kUnavailable) << line.status();
+      break;  // exited
+    }
+    json parsed = json::parse(*line, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_object() && parsed.contains("store_protocol")) run.summaries.push_back(parsed);
+  }
+  pid_t pid = child->pid();
+  run.exit_status = child->Stop(seconds(10));
+  if (bench::NetnsUsable().ok()) {
+    // The bench removes its namespace on exit; look for one named after it.
+    std::string ip = bench::IpProgram();
+    auto listed = ChildProcess::Spawn(
+        {"/bin/sh", "-c", "echo READY ns; exec \"$0\" netns list", ip}, {}, seconds(10));
+    if (listed.ok()) {
+      std::string prefix = "larder-dep-" + std::to_string(pid);
+      for (;;) {
+        auto line = listed->ReadLine(seconds(10));
+        if (!line.ok()) break;
+        std::string name = line->substr(0, line->find(' '));
+        if (name == prefix || name.rfind(prefix + "-", 0) == 0) run.netns_left = true;
+      }
+    }
+  }
+  return run;
+}
+
+uint64_t U64(const json& object, const std::string& field) {
+  return object.contains(field) ? object[field].get<uint64_t>() : 0;
+}
+
+// What every run must show, faults or not.
+void ExpectTopology(const json& s) {
+  EXPECT_EQ(s["netns"].get<bool>(), bench::NetnsUsable().ok()) << s.dump();
+  // The decode is another host: its PD transfers use the network, never shm.
+  for (const auto& [route, n] : s["pd_routes"].items()) EXPECT_EQ(route, "tcp") << s.dump();
+  EXPECT_GT(U64(s, "pd_transfers"), 0u);
+  EXPECT_GT(U64(s, "pd_idle_transfers"), 0u);
+  EXPECT_GT(U64(s, "store_ops"), 0u);
+  EXPECT_GT(U64(s, "read_bytes"), 0u);
+  EXPECT_EQ(U64(s, "verified_bytes"), U64(s, "read_bytes")) << "bytes read but not verified";
+}
+
+// The healthy run under store protocol auto: nothing fails, same-host store traffic is shm.
+void ExpectHealthyAuto(const json& s) {
+  ExpectTopology(s);
+  EXPECT_EQ(s["store_protocol"], "auto");
+  EXPECT_EQ(U64(s, "failures"), 0u)
+      << s["failures_by_kind"].dump() << " " << s["first_errors"].dump();
+  EXPECT_TRUE(s["failures_by_kind"].empty()) << s["failures_by_kind"].dump();
+  EXPECT_EQ(U64(s, "pd_failures"), 0u);
+  EXPECT_EQ(U64(s, "same_host_tcp_bytes"), 0u) << "store traffic between the prefills hairpinned";
+  EXPECT_EQ(U64(s["bytes_by_route"], "tcp"), 0u) << s["bytes_by_route"].dump();
+  EXPECT_GT(U64(s["bytes_by_route"], "shm"), 0u) << s["bytes_by_route"].dump();
+  EXPECT_GT(U64(s, "store_gets"), 0u);
+  EXPECT_GT(U64(s, "store_verified_bytes"), 0u);
+  EXPECT_GT(U64(s, "pd_verified_bytes"), 0u);
+  EXPECT_TRUE(s["unexpected_exits"].empty()) << s["unexpected_exits"].dump();
+}
+
+TEST(DeploymentTest, AutoStoreProtocolKeepsSameHostTrafficOffTcp) {
+  BenchRun run = RunDeployment({"--store-protocol", "auto", "--duration", "3", "--idle-baseline",
+                                "1", "--segment-size", "256M"});
+  EXPECT_EQ(run.exit_status, 0);
+  EXPECT_FALSE(run.netns_left) << "the bench left its network namespace behind";
+  ASSERT_EQ(run.summaries.size(), 1u);
+  ExpectHealthyAuto(run.summaries[0]);
+}
+
+TEST(DeploymentTest, SparseHugeSegmentsWork) {
+  // 700 GB per prefill, as in the RFC: sparse memfd segments cost only the pages written.
+  BenchRun run = RunDeployment({"--store-protocol", "auto", "--duration", "2", "--idle-baseline",
+                                "1", "--segment-size", "700G"});
+  EXPECT_EQ(run.exit_status, 0);
+  ASSERT_EQ(run.summaries.size(), 1u);
+  EXPECT_EQ(U64(run.summaries[0], "segment_size"), 700ull << 30);
+  ExpectHealthyAuto(run.summaries[0]);
+}
+
+TEST(DeploymentTest, KilledPrefillFailsOnlyItsPdRequestsFastWithUnavailable) {
+  BenchRun run = RunDeployment({"--store-protocol", "auto", "--duration", "3", "--idle-baseline",
+                                "1", "--segment-size", "256M", "--kill-prefill-after", "1",
+                                "--pd-timeout-ms", "5000"});
+  EXPECT_EQ(run.exit_status, 0) << "the run must still finish with a summary";
+  EXPECT_FALSE(run.netns_left);
+  ASSERT_EQ(run.summaries.size(), 1u);
+  const json& s = run.summaries[0];
+  ExpectTopology(s);
+  const json& dead = s["pd_by_prefill"]["prefill-1"];
+  const json& alive = s["pd_by_prefill"]["prefill-2"];
+  EXPECT_GT(U64(dead, "failures"), 0u) << s.dump();
+  // Fail fast: every failure is Unavailable (none waited for the 5 s deadline).
+  for (const auto& [code, n] : dead["codes"].items()) EXPECT_EQ(code, "Unavailable") << s.dump();
+  EXPECT_LT(dead["fail_max_ms"].get<double>(), 5000.0);
+  std::string error = dead["first_error"].get<std::string>();
+  EXPECT_NE(error.find("Unavailable"), std::string::npos) << error;
+  EXPECT_NE(error.find("prefill-1"), std::string::npos) << error;
+  EXPECT_EQ(U64(alive, "failures"), 0u) << alive.dump();
+  EXPECT_GT(U64(alive, "transfers"), 0u);
+  // The summary counts them as failures; every PD failure kind is prefill-1's Unavailable.
+  const json& kinds = s["failures_by_kind"];
+  EXPECT_EQ(U64(kinds, "pd.prefill-1.Unavailable"), U64(dead, "failures"));
+  EXPECT_EQ(U64(kinds, "prefill_died.prefill-1"), 1u);
+  for (const auto& [kind, n] : kinds.items()) {
+    if (kind.rfind("pd.", 0) == 0) {
+      EXPECT_EQ(kind, "pd.prefill-1.Unavailable");
+    }
+  }
+  EXPECT_GE(U64(s, "failures"), U64(dead, "failures") + 1);
+  EXPECT_FALSE(s["faults_injected"].empty());
+  EXPECT_TRUE(s["unexpected_exits"].empty()) << s["unexpected_exits"].dump();
+}
+
+TEST(DeploymentTest, KilledDecodeIsReportedAndPrefillsCarryOn) {
+  BenchRun run = RunDeployment({"--store-protocol", "auto", "--duration", "3", "--idle-baseline",
+                                "1", "--segment-size", "256M", "--kill-decode-after", "1"});
+  EXPECT_EQ(run.exit_status, 0);
+  ASSERT_EQ(run.summaries.size(), 1u);
+  const json& s = run.summaries[0];
+  EXPECT_EQ(s["failures_by_kind"], json({{"decode_died", 1}})) << s.dump();
+  EXPECT_EQ(U64(s, "failures"), 1u);
+  // The prefills finished cleanly and kept serving the store.
+  for (const char* name : {"prefill-1", "prefill-2"}) {
+    EXPECT_TRUE(s["prefills"][name]["final"].get<bool>()) << name;
+    EXPECT_GT(U64(s["prefills"][name], "puts"), 0u) << name;
+  }
+  EXPECT_GT(U64(s, "store_gets"), 0u);
+  EXPECT_GT(U64(s, "store_ops_after_fault"), 0u) << "the store stopped with the decode";
+  EXPECT_EQ(U64(s, "verified_bytes"), U64(s, "read_bytes"));
+}
+
+}  // namespace
+}  // namespace larder

@@ -1,0 +1,80 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The child processes of `larder-bench deployment` (see deployment_bench.h): a prefill on "host A"
+// and the decode on "host B". Both are spawned with bench::ChildProcess, announce
+//   READY {"name":..., "pd":"<ip:port of the PD engine>", ...}
+// print one JSON line of cumulative counters per second on stdout, take one JSON command per line
+// on stdin, and on {"cmd":"quit"} (or stdin EOF) print a last line with "final":true and exit.
+//
+// Prefill (`deployment-prefill`): a StoreClient contributing a global segment, and a standalone
+// PD TransferEngine (role kStandalone: LARDER_PROTOCOL) exporting segment "pd" whose page i of
+// `pd_page_size` bytes holds FillValue("pd/<name>/<i>"). While loaded it puts pages
+// "<name>/<seq>" (seq = 0, 1, ...) in batches, and between batches reads a batch of the other
+// prefill's pages, chosen at random among the most recent ones it has written (half a segment's
+// worth); every byte read is verified. NotFound (evicted) counts as "missing", not a failure.
+// Commands:
+//   {"cmd":"peer", "name":N, "client_id":engine id}  the other prefill (for reads and per-peer tcp)
+//   {"cmd":"hw", "written":n}                        the other prefill has put pages [0, n)
+//   {"cmd":"load", "on":bool}                        start / stop hammering the store
+//   {"cmd":"peer_gone"}                              stop reading the other prefill's pages
+//   {"cmd":"quit"}
+// Line: {"role":"prefill", "name", "t", "puts", "put_bytes", "gets", "get_bytes", "missing",
+//   "verified_bytes", "wrong", "written", "failures":{"put.<code>" | "get.<code>" | "get.wrong":
+//   n}, "first_error", "bytes_by_route":
+//   {route: bytes}, "requests_by_route":{route: n}, "same_host_tcp_bytes", "mapped_segments",
+//   "final"}
+//
+// Decode (`deployment-decode`): a standalone TransferEngine with registered local buffers. For
+// each request it reads `pd_pages` random pages of one prefill's "pd" segment (prefills taken in
+// turn) with a deadline, verifies them and records the latency. A failed request counts under
+// "<prefill>.<status code>" and its message names the prefill. Commands:
+//   {"cmd":"phase", "phase":name}   counters from now on go to this phase (the first is "idle")
+//   {"cmd":"quit"}
+// Line: {"role":"decode", "t", "phase", "phases":{name: {"transfers", "bytes", "verified_bytes",
+//   "wrong", "failures", "failures_by_kind":{kind: n}, "by_prefill":{name: {"transfers",
+//   "failures", "codes":{code: n}, "first_error", "fail_max_ms"}}, "lat_ms":[latencies of
+//   requests that ended since the last line], "routes":{route: requests}}}, "final"}
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace larder::bench {
+
+struct DeploymentPrefillOptions {
+  // "prefill-1"; also the key prefix and the store segment's name.
+  std::string name = "prefill";
+  // larder-master address. Empty: LARDER_MASTER.
+  std::string master;
+  // Bytes of the global segment (sparse: only written pages cost memory).
+  uint64_t segment_size = 1ull << 30;
+  // Bytes per KV page put into and read from the store.
+  uint64_t page_size = 64 * 1024;
+  // Pages per BatchPutFrom / BatchGetInto.
+  size_t batch = 16;
+  // Address of the PD engine's data server ("10.231.0.1:0").
+  std::string pd_listen = "127.0.0.1:0";
+  // Bytes of the exported PD segment and of one PD page in it.
+  uint64_t pd_segment_size = 64ull << 20;
+  uint64_t pd_page_size = 64 * 1024;
+};
+
+struct DeploymentDecodeOptions {
+  // Address of the decode engine's data server ("10.231.0.2:0").
+  std::string listen = "127.0.0.1:0";
+  // "name=ip:port" of each prefill's PD engine.
+  std::vector<std::string> prefills;
+  // Pages per request and bytes per page.
+  size_t pd_pages = 16;
+  uint64_t pd_page_size = 64 * 1024;
+  // Deadline of one request.
+  std::chrono::milliseconds timeout{2000};
+};
+
+// Run the child; return the process exit code.
+int RunDeploymentPrefill(const DeploymentPrefillOptions& options);
+int RunDeploymentDecode(const DeploymentDecodeOptions& options);
+
+}  // namespace larder::bench
