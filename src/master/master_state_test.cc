@@ -330,6 +330,14 @@ TEST_F(MasterStateTest, SegmentsTheWriterCannotReachArePlacedLast) {
   ASSERT_TRUE(placed.status.ok()) << placed.status;
   ASSERT_EQ(placed.replicas.size(), 1u);
   EXPECT_EQ(placed.replicas[0].segment_id, alive);
+  // Even when the reachable segment is full: the put evicts there instead.
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(PutStart("b", "fill" + std::to_string(i), 4096).status.ok());
+    ASSERT_TRUE(PutEnd("b", "fill" + std::to_string(i)).ok());
+  }
+  PutStartOutcome evicting = PutStart("a", "k3", 4096, avoid);
+  ASSERT_TRUE(evicting.status.ok()) << evicting.status;
+  EXPECT_EQ(evicting.replicas[0].segment_id, alive);
   // With nowhere else to go, an avoided segment is still used.
   PutOptions two = avoid;
   two.replica_num = 2;

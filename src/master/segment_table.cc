@@ -104,7 +104,11 @@ SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t wr
                                  ids[index]) != options.avoid_segments.end();
     (avoid ? avoided : plan.order).push_back(ids[index]);
   }
-  plan.order.insert(plan.order.end(), avoided.begin(), avoided.end());
+  // With enough other segments the avoided ones are left out: a put evicts in a reachable segment
+  // rather than landing where its writer cannot write. Otherwise they come last.
+  if (plan.order.size() < plan.replicas) {
+    plan.order.insert(plan.order.end(), avoided.begin(), avoided.end());
+  }
   return plan;
 }
 

@@ -87,7 +87,7 @@ inline constexpr uint32_t kMaxReplicas = 64;
 struct PutOptions {
   uint32_t replica_num = 1;                     // 1..kMaxReplicas
   std::vector<std::string> preferred_segments;  // names, tried in order before the strategy
-  std::vector<uint64_t> avoid_segments;         // ids the writer cannot reach: tried last
+  std::vector<uint64_t> avoid_segments;  // ids the writer cannot reach: left out if others suffice
   bool pin = false;
 };
 

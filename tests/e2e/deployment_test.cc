@@ -178,6 +178,13 @@ TEST(DeploymentTest, KilledPrefillFailsOnlyItsPdRequestsFastWithUnavailable) {
   EXPECT_GE(U64(s, "failures"), U64(dead, "failures") + 1);
   EXPECT_FALSE(s["faults_injected"].empty());
   EXPECT_TRUE(s["unexpected_exits"].empty()) << s["unexpected_exits"].dump();
+  // The other prefill's store carries on: at most the batches in flight at the kill fail (its
+  // puts then leave the dead segment out until the master expires it), and it keeps working.
+  uint64_t survivor_put_failures = kinds.contains("store.prefill-2.put.Unavailable")
+                                       ? U64(kinds, "store.prefill-2.put.Unavailable")
+                                       : 0;
+  EXPECT_LE(survivor_put_failures, 2u * 16) << s.dump();
+  EXPECT_GT(U64(s, "store_ops_after_fault"), 0u) << "the surviving prefill's store stopped";
 }
 
 TEST(DeploymentTest, KilledDecodeIsReportedAndPrefillsCarryOn) {
