@@ -243,12 +243,12 @@ double WaitForMetric(const Master& master, const std::string& name, double at_le
 }
 
 // Reads a worker's stats until `done` accepts them or `timeout` passes; returns the last ones.
+// Each read is one round trip to the worker, which paces the loop.
 template <typename Condition>
 json WaitForStats(ChildProcess& worker, Condition done, milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   json stats = Send(worker, {{"cmd", "stats"}});
   while (!done(stats) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
     stats = Send(worker, {{"cmd", "stats"}});
   }
   return stats;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/process.h"
+#include "bench/store_worker.h"
 #include "bench/values.h"
 #include "larder/store_client.h"
 
@@ -147,21 +148,7 @@ int RunMountWorker(const MountWorkerOptions& options) {
   std::string address = (*client)->engine().address();
   MountWorker worker(std::move(*client), create_ms);
   AnnounceReady(address);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    json cmd = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    json reply;
-    if (cmd.is_discarded()) {
-      reply = {{"error", "command is not JSON"}};
-    } else {
-      try {
-        reply = worker.Handle(cmd);
-      } catch (const json::exception& e) {
-        reply = {{"error", std::string("bad command: ") + e.what()}};
-      }
-    }
-    std::cout << reply.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
-  }
+  ServeJsonCommands([&worker](const json& cmd) { return worker.Handle(cmd); });
   return 0;
 }
 

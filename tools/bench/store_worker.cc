@@ -291,6 +291,11 @@ int RunStoreWorker(const StoreWorkerOptions& options) {
   std::string segment_name = (*client)->segment_name();
   Worker worker(std::move(*client));
   AnnounceReady(segment_name);
+  ServeJsonCommands([&worker](const json& cmd) { return worker.Handle(cmd); });
+  return 0;
+}
+
+void ServeJsonCommands(const std::function<json(const json&)>& handle) {
   std::string line;
   while (std::getline(std::cin, line)) {
     json cmd = json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -299,14 +304,13 @@ int RunStoreWorker(const StoreWorkerOptions& options) {
       reply = {{"error", "command is not JSON"}};
     } else {
       try {
-        reply = worker.Handle(cmd);
+        reply = handle(cmd);
       } catch (const json::exception& e) {
         reply = {{"error", std::string("bad command: ") + e.what()}};
       }
     }
     std::cout << reply.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
   }
-  return 0;
 }
 
 }  // namespace larder::bench

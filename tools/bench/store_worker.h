@@ -24,7 +24,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "larder/store_client.h"
@@ -41,6 +43,11 @@ struct StoreWorkerOptions {
 
 // Runs the command loop; returns the process exit code.
 int RunStoreWorker(const StoreWorkerOptions& options);
+
+// Answers one JSON command per stdin line with handle's JSON reply on stdout, until stdin closes.
+// Lines that are not JSON, and commands that handle rejects with a json::exception, get
+// {"error": ...}.
+void ServeJsonCommands(const std::function<nlohmann::json(const nlohmann::json&)>& handle);
 
 // The store client of a worker process: StoreClientOptions::FromEnvironment() with the worker's
 // master (when given), protocol, segment size and segment name (when given).
