@@ -152,6 +152,8 @@ int main(int argc, char** argv) {
   m->add_option("--objects", master_bench.objects, "objects inserted for the memory figure")
       ->capture_default_str();
   m->add_option("--key-size", master_bench.key_size, "bytes per key")->capture_default_str();
+  m->add_flag("--auth", master_bench.auth,
+              "give the master a cluster token: every call proves it (the cost of auth)");
   m->add_flag("--json", master_bench.json, "one JSON object");
 
   larder::bench::ReplayOptions replay;

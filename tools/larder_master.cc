@@ -5,7 +5,9 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "bench/process.h"
 #include "common/env.h"
@@ -27,6 +29,24 @@ std::chrono::milliseconds ToDuration(const std::string& text) {
   return *larder::ParseDuration(text);
 }
 
+// A token file's content without its trailing newline. Errors name the file.
+larder::Result<std::string> ReadToken(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return larder::InvalidArgumentError("cannot read token file " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string token = text.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
+    token.pop_back();
+  }
+  if (token.size() < 16) {
+    return larder::InvalidArgumentError("token file " + path +
+                                        " holds fewer than 16 bytes; use a long random secret "
+                                        "(e.g. `openssl rand -hex 32`)");
+  }
+  return token;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,7 +59,25 @@ int main(int argc, char** argv) {
   std::string lease_ttl = "5s", client_ttl = "10s", put_timeout = "30s", placement = "local-first";
   std::string log_level;
   bool parent_watch = false;
-  app.add_option("--host", options.listen_host, "address to listen on")->capture_default_str();
+  std::string auth_token_file, admin_token_file;
+  app.add_option("--host", options.listen_host,
+                 "address to listen on (default: 0.0.0.0 with a cluster token or --insecure, "
+                 "else 127.0.0.1)");
+  app.add_option("--auth-token-file", auth_token_file,
+                 "file holding the cluster token: every client proves it (LARDER_AUTH_TOKEN) and "
+                 "the master proves it back (docs/security.md)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--admin-token-file", admin_token_file,
+                 "file holding the operator token that RemoveAll, /keys and /segments need "
+                 "(LARDER_ADMIN_TOKEN on clients)")
+      ->check(CLI::ExistingFile);
+  app.add_flag("--insecure", options.insecure,
+               "serve every interface without a cluster token (anyone who reaches the master "
+               "can read and change the cache)");
+  app.add_option("--tls-cert", options.tls_cert_file, "PEM certificate for gRPC TLS")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", options.tls_key_file, "PEM private key of --tls-cert")
+      ->check(CLI::ExistingFile);
   app.add_option("--port", options.port, "gRPC port (0: pick a free one)")->capture_default_str();
   app.add_option("--http-port", options.http_port, "HTTP port (0: pick a free one; -1: off)")
       ->capture_default_str();
@@ -86,6 +124,16 @@ int main(int argc, char** argv) {
       ->group("");
   CLI11_PARSE(app, argc, argv);
   if (!log_level.empty()) larder::SetLogLevel(log_level);
+  for (auto [file, token] : {std::pair{&auth_token_file, &options.auth.cluster_token},
+                             std::pair{&admin_token_file, &options.auth.admin_token}}) {
+    if (file->empty()) continue;
+    auto read = ReadToken(*file);
+    if (!read.ok()) {
+      std::cerr << "larder-master: " << read.status() << "\n";
+      return 2;
+    }
+    *token = *read;
+  }
   options.master.lease_ttl = ToDuration(lease_ttl);
   options.master.client_ttl = ToDuration(client_ttl);
   options.master.put_timeout = ToDuration(put_timeout);
@@ -98,7 +146,7 @@ int main(int argc, char** argv) {
     std::cerr << "larder-master: " << server.status() << "\n";
     return 1;
   }
-  std::cerr << "larder-master: gRPC on " << options.listen_host << ":" << (*server)->port()
+  std::cerr << "larder-master: gRPC on " << (*server)->listen_host() << ":" << (*server)->port()
             << ", HTTP on " << (*server)->http_port() << "\n";
   larder::bench::AnnounceReady((*server)->address() + " " + std::to_string((*server)->http_port()));
   if (parent_watch) {

@@ -45,6 +45,7 @@ enum class StatusCode : int {
   kInternal = 13,
   kUnavailable = 14,
   kDataLoss = 15,
+  kUnauthenticated = 16,  // no valid proof of the cluster token
 };
 
 // Returns the canonical name of `code`, e.g. "Unavailable".
@@ -103,6 +104,7 @@ Status UnimplementedError(std::string message);
 Status InternalError(std::string message);
 Status UnavailableError(std::string message);
 Status DataLossError(std::string message);
+Status UnauthenticatedError(std::string message);
 
 // Maps an errno value to the closest code, with "<what>: <strerror>" as message.
 Status ErrnoToStatus(int err, std::string_view what);

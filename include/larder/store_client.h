@@ -53,8 +53,18 @@ struct StoreClientOptions {
   std::string protocol;
   // Replicas per object when a put does not say.
   uint32_t replica_num = 1;
-  // Shared secret for shm handoff and TCP connections between clients. Empty: none.
+  // Cluster token: every call to the master and every shm handoff and tcp connection between
+  // clients proves it, in both directions (docs/security.md). Empty: LARDER_AUTH_TOKEN, else none.
   std::string auth_token;
+  // Operator token, needed by RemoveAll on a master with a cluster token. Empty:
+  // LARDER_ADMIN_TOKEN, else none.
+  std::string admin_token;
+  // TLS (PEM files). tls_ca_file: the CA that the master's and peers' certificates must chain to
+  // (gRPC and the tcp data plane then use TLS); tls_cert_file / tls_key_file: this client's data
+  // server certificate. Empty: LARDER_TLS_CA, LARDER_TLS_CERT, LARDER_TLS_KEY, else no TLS.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // Host identity (same host = same id). Empty: LARDER_HOST_ID, else the kernel boot id.
   std::string host_id;
   // Page size of the global segment: "off", "2m", "1g" or "auto" (see TransferEngineOptions).
@@ -72,7 +82,8 @@ struct StoreClientOptions {
 
   // The defaults, overridden by the environment: LARDER_MASTER, LARDER_LOCAL_HOSTNAME,
   // LARDER_SEGMENT_NAME, LARDER_GLOBAL_SEGMENT_SIZE and LARDER_LOCAL_BUFFER_SIZE (sizes such as
-  // "4gb", "512MiB"), LARDER_REPLICA_NUM, LARDER_AUTH_TOKEN, LARDER_HOST_ID,
+  // "4gb", "512MiB"), LARDER_REPLICA_NUM, LARDER_AUTH_TOKEN, LARDER_ADMIN_TOKEN, LARDER_TLS_CA,
+  // LARDER_TLS_CERT, LARDER_TLS_KEY, LARDER_HOST_ID,
   // LARDER_LEASE_RELEASE_DELAY ("1ms", "2s"). The protocol is left
   // empty, so the engine resolves LARDER_STORE_PROTOCOL / LARDER_PROTOCOL itself.
   // Errors: InvalidArgument naming the variable that does not parse.

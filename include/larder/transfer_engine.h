@@ -147,9 +147,22 @@ struct TransferEngineOptions {
   // Address of this engine's TCP data server. Port 0 picks a free port. The server also answers
   // descriptor queries from peers, so it always runs.
   std::string listen_address = "127.0.0.1:0";
-  // Cluster secret. Empty: LARDER_AUTH_TOKEN, else none. When set, peers must prove it (HMAC
-  // challenge on tcp, on the shm handoff) and this engine proves it to peers.
+  // Cluster secret. Empty: LARDER_AUTH_TOKEN, else none. When set, both ends of every tcp
+  // connection and shm handoff prove it to each other (HMAC over both nonces, both engine ids and
+  // the connection), and this engine refuses peers that do not. See docs/security.md.
   std::string auth_token;
+  // TLS on the tcp data plane (OpenSSL). tls_cert_file and tls_key_file (PEM): this engine's
+  // certificate, which its data server presents; tls_ca_file (PEM): the CA that peers'
+  // certificates must chain to. An engine with a CA speaks tcp only over TLS and refuses peers
+  // that do not offer it. Empty: LARDER_TLS_CERT, LARDER_TLS_KEY, LARDER_TLS_CA, else no TLS.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
+  // Make this process non-dumpable (prctl PR_SET_DUMPABLE 0) when the engine starts, so that other
+  // processes of the same uid can neither open its memfds through /proc/PID/fd nor ptrace it;
+  // peers still map its segments through the authenticated shm handoff. Also LARDER_NON_DUMPABLE=1.
+  // It also turns off core dumps of this process. See docs/security.md.
+  bool non_dumpable = false;
   // Host identity. Empty: LARDER_HOST_ID, else the kernel boot id.
   std::string host_id;
   // Threads that stripe large same-host copies. 0: min(4, hardware threads).

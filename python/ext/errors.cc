@@ -6,7 +6,7 @@
 namespace larder::python {
 namespace {
 
-constexpr int kCodeCount = 16;
+constexpr int kCodeCount = 17;
 
 struct ErrorClass {
   StatusCode code;
@@ -51,6 +51,8 @@ const std::array<ErrorClass, kCodeCount - 1> kErrorClasses = {{
     {StatusCode::kUnavailable, "UnavailableError", NoBase,
      "Master or peer unreachable, object being written, or lease expired; retry the call."},
     {StatusCode::kDataLoss, "DataLossError", NoBase, "Data was lost or corrupted."},
+    {StatusCode::kUnauthenticated, "UnauthenticatedError", NoBase,
+     "No valid proof of the cluster token (LARDER_AUTH_TOKEN missing or wrong)."},
 }};
 
 // Indexed by StatusCode; owned references held for the life of the process.
@@ -84,7 +86,8 @@ void RegisterErrors(py::module_& module) {
       .value("UNIMPLEMENTED", StatusCode::kUnimplemented)
       .value("INTERNAL", StatusCode::kInternal)
       .value("UNAVAILABLE", StatusCode::kUnavailable)
-      .value("DATA_LOSS", StatusCode::kDataLoss);
+      .value("DATA_LOSS", StatusCode::kDataLoss)
+      .value("UNAUTHENTICATED", StatusCode::kUnauthenticated);
 
   // The classes are named "larder.X": the package re-exports them, and that is where users see
   // them in tracebacks.

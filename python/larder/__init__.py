@@ -40,6 +40,7 @@ from ._larder import (  # noqa: F401  (re-exported)
     TransferOp,
     TransferRequest,
     TransferResult,
+    UnauthenticatedError,
     UnavailableError,
     UnimplementedError,
     UnknownError,
@@ -56,6 +57,7 @@ __all__ = [
     "AlreadyExistsError",
     "CancelledError",
     "DataLossError",
+    "UnauthenticatedError",
     "DeadlineExceededError",
     "FailedPreconditionError",
     "InternalError",
@@ -102,6 +104,7 @@ _ERRORS_BY_CODE = {
         InternalError,
         UnavailableError,
         DataLossError,
+        UnauthenticatedError,
     )
 }
 

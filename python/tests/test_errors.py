@@ -21,6 +21,7 @@ CLASSES = {
     larder.StatusCode.INTERNAL: larder.InternalError,
     larder.StatusCode.UNAVAILABLE: larder.UnavailableError,
     larder.StatusCode.DATA_LOSS: larder.DataLossError,
+    larder.StatusCode.UNAUTHENTICATED: larder.UnauthenticatedError,
 }
 
 

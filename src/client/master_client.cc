@@ -1,10 +1,41 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "client/master_client.h"
 
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/control_auth.h"
+#include "common/net.h"
+#include "common/proto_mac.h"
+
 namespace larder::client {
 
+namespace {
+
+constexpr char kUnknownSessionDetail[] = "larder:unknown-session";  // as master/sessions.h
+
+std::string RandomClientId() {
+  uint8_t bytes[8];
+  RandomBytes(bytes, sizeof(bytes));
+  std::string out = "client/";
+  for (uint8_t b : bytes) out += fmt::format("{:02x}", b);
+  return out;
+}
+
+}  // namespace
+
 MasterClient::MasterClient(std::string address, std::chrono::milliseconds timeout)
-    : address_(std::move(address)), timeout_(timeout) {
+    : MasterClient([&] {
+        MasterClientOptions options;
+        options.address = std::move(address);
+        options.timeout = timeout;
+        return options;
+      }()) {}
+
+MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(options)) {
+  if (options_.client_id.empty()) options_.client_id = RandomClientId();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
@@ -12,18 +43,112 @@ MasterClient::MasterClient(std::string address, std::chrono::milliseconds timeou
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options_.tls_ca_file.empty()) {
+    std::ifstream in(options_.tls_ca_file, std::ios::binary);
+    std::ostringstream ca;
+    if (in) ca << in.rdbuf();
+    if (!in || ca.str().empty()) {
+      init_status_ = InvalidArgumentError("cannot read the TLS CA file " + options_.tls_ca_file +
+                                          " (LARDER_TLS_CA)");
+    }
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = ca.str();
+    credentials = grpc::SslCredentials(tls);
+  }
+  channel_ = grpc::CreateCustomChannel(options_.address, credentials, args);
   stub_ = proto::Master::NewStub(channel_);
+}
+
+bool MasterClient::IsUnknownSession(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+         status.error_details() == kUnknownSessionDetail;
+}
+
+Status MasterClient::Sign(const char* name, const google::protobuf::MessageLite& request,
+                          grpc::ClientContext* context, uint64_t* session_id) const {
+  LARDER_RETURN_IF_ERROR(init_status_);
+  if (options_.auth_token.empty()) return Status::Ok();
+  LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Session> session, CurrentSession());
+  const uint64_t sequence = sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
+  control_auth::Digest mac =
+      control_auth::CallMac(session->key, name, sequence, SerializeForMac(request));
+  context->AddMetadata(control_auth::kMetadataKey,
+                       control_auth::EncodeMetadata(session->id, sequence, mac));
+  *session_id = session->id;
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<const MasterClient::Session>> MasterClient::CurrentSession() const {
+  std::lock_guard lock(session_mu_);
+  if (session_ != nullptr) return session_;
+  LARDER_ASSIGN_OR_RETURN(session_, OpenSession());
+  return session_;
+}
+
+void MasterClient::ForgetSession(uint64_t session_id) const {
+  std::lock_guard lock(session_mu_);
+  if (session_ != nullptr && session_->id == session_id) session_.reset();
+}
+
+Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession() const {
+  proto::ChallengeRequest ask;
+  proto::ChallengeReply challenge;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+    LARDER_RETURN_IF_ERROR(FromGrpc("Challenge", stub_->Challenge(&context, ask, &challenge)));
+  }
+  if (!challenge.auth_required()) {
+    return PermissionDeniedError("larder-master " + options_.address +
+                                 " does not prove the cluster token (it runs without one): "
+                                 "refusing to use it while LARDER_AUTH_TOKEN is set");
+  }
+  if (challenge.server_nonce().size() != control_auth::kNonceBytes) {
+    return InternalError("larder-master " + options_.address + " sent a malformed challenge");
+  }
+  std::string client_nonce(control_auth::kNonceBytes, '\0');
+  RandomBytes(reinterpret_cast<uint8_t*>(client_nonce.data()), client_nonce.size());
+  proto::OpenSessionRequest open;
+  open.set_client_id(options_.client_id);
+  open.set_client_nonce(client_nonce);
+  open.set_server_nonce(challenge.server_nonce());
+  control_auth::Digest proof = control_auth::ClientProof(options_.auth_token, options_.client_id,
+                                                         client_nonce, challenge.server_nonce());
+  open.set_proof(proof.data(), proof.size());
+  if (!options_.admin_token.empty()) {
+    control_auth::Digest admin = control_auth::AdminProof(options_.admin_token, options_.client_id,
+                                                          client_nonce, challenge.server_nonce());
+    open.set_admin_proof(admin.data(), admin.size());
+  }
+  proto::OpenSessionReply opened;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+    LARDER_RETURN_IF_ERROR(FromGrpc("OpenSession", stub_->OpenSession(&context, open, &opened)));
+  }
+  if (!control_auth::Equal(
+          control_auth::ServerProof(options_.auth_token, options_.client_id, client_nonce,
+                                    challenge.server_nonce(), opened.session_id(), opened.admin()),
+          opened.proof())) {
+    return PermissionDeniedError("larder-master " + options_.address +
+                                 " did not prove the cluster token: refusing to use it");
+  }
+  auto session = std::make_shared<Session>();
+  session->id = opened.session_id();
+  session->key = control_auth::SessionKey(options_.auth_token, options_.client_id, client_nonce,
+                                          challenge.server_nonce(), opened.session_id());
+  return std::shared_ptr<const Session>(std::move(session));
 }
 
 Status MasterClient::FromGrpc(const char* name, const grpc::Status& status) const {
   if (status.ok()) return Status::Ok();
   auto code = static_cast<StatusCode>(status.error_code());
   if (code == StatusCode::kUnavailable || code == StatusCode::kDeadlineExceeded) {
-    return Status(code, std::string("larder-master ") + address_ + " unreachable (" + name +
+    return Status(code, std::string("larder-master ") + options_.address + " unreachable (" + name +
                             "): " + status.error_message());
   }
-  if (static_cast<int>(code) < 0 || static_cast<int>(code) > 15) code = StatusCode::kUnknown;
+  if (static_cast<int>(code) < 0 || static_cast<int>(code) > 16) code = StatusCode::kUnknown;
   return Status(code, std::string(name) + ": " + status.error_message());
 }
 

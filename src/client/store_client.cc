@@ -25,6 +25,10 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
   set_string("LARDER_LOCAL_HOSTNAME", &options.local_hostname);
   set_string("LARDER_SEGMENT_NAME", &options.segment_name);
   set_string("LARDER_AUTH_TOKEN", &options.auth_token);
+  set_string("LARDER_ADMIN_TOKEN", &options.admin_token);
+  set_string("LARDER_TLS_CA", &options.tls_ca_file);
+  set_string("LARDER_TLS_CERT", &options.tls_cert_file);
+  set_string("LARDER_TLS_KEY", &options.tls_key_file);
   set_string("LARDER_HOST_ID", &options.host_id);
   for (auto [name, field] : {std::pair{"LARDER_GLOBAL_SEGMENT_SIZE", &options.global_segment_size},
                              std::pair{"LARDER_LOCAL_BUFFER_SIZE", &options.local_buffer_size}}) {
@@ -58,6 +62,16 @@ using client::ItemStatuses;
 using client::MasterClient;
 using Stub = proto::Master::Stub;
 using SteadyClock = std::chrono::steady_clock;
+
+// Largest batch of one call: the master's limit (kMaxBatchItems) and the engine's default
+// max_batch_requests. A put past it is refused before the master allocates anything for it.
+constexpr size_t kMaxBatch = 65536;
+
+Status BatchTooLarge(size_t items) {
+  return InvalidArgumentError("a batch of " + std::to_string(items) +
+                              " keys exceeds the maximum of " + std::to_string(kMaxBatch) +
+                              "; split it");
+}
 
 // Lower is better: same process, then same host, then the network.
 int RouteRank(RouteKind route) {
@@ -107,7 +121,22 @@ class StoreClientImpl final : public StoreClient {
   StoreClientImpl(StoreClientOptions options, std::unique_ptr<TransferEngine> engine)
       : options_(std::move(options)),
         engine_(std::move(engine)),
-        master_(options_.master_address, options_.rpc_timeout) {}
+        master_(MasterOptionsFor(options_, engine_->id())) {}
+
+  static client::MasterClientOptions MasterOptionsFor(const StoreClientOptions& options,
+                                                      const std::string& client_id) {
+    auto option_or_env = [](const std::string& option, const char* variable) {
+      return option.empty() ? GetEnv(variable) : option;
+    };
+    client::MasterClientOptions out;
+    out.address = options.master_address;
+    out.timeout = options.rpc_timeout;
+    out.client_id = client_id;
+    out.auth_token = option_or_env(options.auth_token, "LARDER_AUTH_TOKEN");
+    out.admin_token = option_or_env(options.admin_token, "LARDER_ADMIN_TOKEN");
+    out.tls_ca_file = option_or_env(options.tls_ca_file, "LARDER_TLS_CA");
+    return out;
+  }
 
   ~StoreClientImpl() override {
     {
@@ -708,6 +737,8 @@ class StoreClientImpl final : public StoreClient {
                               std::span<const size_t> sizes, const PutConfig& config) {
     std::vector<Status> results(keys.size());
     if (keys.empty()) return results;
+    if (keys.size() > kMaxBatch)
+      return std::vector<Status>(keys.size(), BatchTooLarge(keys.size()));
     proto::BatchPutStartRequest request;
     proto::BatchPutStartReply reply;
     request.mutable_items()->Reserve(static_cast<int>(keys.size()));
@@ -971,6 +1002,9 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOption
   engine_options.protocol = options.protocol;
   engine_options.listen_address = options.local_hostname + ":0";
   engine_options.auth_token = options.auth_token;
+  engine_options.tls_ca_file = options.tls_ca_file;
+  engine_options.tls_cert_file = options.tls_cert_file;
+  engine_options.tls_key_file = options.tls_key_file;
   engine_options.host_id = options.host_id;
   engine_options.huge_pages = options.huge_pages;
   engine_options.default_timeout = options.transfer_timeout;

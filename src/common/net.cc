@@ -296,6 +296,21 @@ std::array<uint8_t, 32> HmacSha256(std::string_view key, const void* data, size_
   return out;
 }
 
+MacInput& MacInput::Add(const void* data, size_t len) {
+  uint64_t prefix = len;
+  bytes_.append(reinterpret_cast<const char*>(&prefix), sizeof(prefix));
+  bytes_.append(static_cast<const char*>(data), len);
+  return *this;
+}
+
+MacInput& MacInput::Add(std::string_view field) { return Add(field.data(), field.size()); }
+
+MacInput& MacInput::Add(uint64_t value) { return Add(&value, sizeof(value)); }
+
+std::array<uint8_t, 32> MacInput::Sign(std::string_view key) const {
+  return HmacSha256(key, bytes_.data(), bytes_.size());
+}
+
 bool DigestEqual(const uint8_t* a, const uint8_t* b) { return CRYPTO_memcmp(a, b, 32) == 0; }
 
 void RandomBytes(uint8_t* out, size_t len) {

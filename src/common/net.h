@@ -91,6 +91,23 @@ Status RecvWithFd(int fd, void* data, size_t len, Fd* received, Deadline deadlin
 
 // HMAC-SHA256 of `data` under `key`.
 std::array<uint8_t, 32> HmacSha256(std::string_view key, const void* data, size_t len);
+// Builds the input of an authentication MAC from typed fields. Every field is length-prefixed, so
+// two different field lists never produce the same bytes (no "ab"+"c" == "a"+"bc" confusion).
+// Each proof starts with a label naming what it proves (e.g. "larder-tcp-client-v1"), so a MAC
+// made for one purpose is never accepted for another.
+class MacInput {
+ public:
+  explicit MacInput(std::string_view label) { Add(label); }
+  MacInput& Add(std::string_view field);
+  MacInput& Add(const void* data, size_t len);
+  MacInput& Add(uint64_t value);
+  // HMAC-SHA256 of the fields under `key`.
+  std::array<uint8_t, 32> Sign(std::string_view key) const;
+
+ private:
+  std::string bytes_;
+};
+
 // Constant-time equality of two 32-byte digests.
 bool DigestEqual(const uint8_t* a, const uint8_t* b);
 // Fills `out` with cryptographically random bytes.

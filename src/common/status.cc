@@ -40,6 +40,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "Unavailable";
     case StatusCode::kDataLoss:
       return "DataLoss";
+    case StatusCode::kUnauthenticated:
+      return "Unauthenticated";
   }
   return "Unknown";
 }
@@ -94,6 +96,7 @@ LARDER_DEFINE_ERROR_(Unimplemented)
 LARDER_DEFINE_ERROR_(Internal)
 LARDER_DEFINE_ERROR_(Unavailable)
 LARDER_DEFINE_ERROR_(DataLoss)
+LARDER_DEFINE_ERROR_(Unauthenticated)
 #undef LARDER_DEFINE_ERROR_
 
 Status ErrnoToStatus(int err, std::string_view what) {

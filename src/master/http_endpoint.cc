@@ -3,6 +3,7 @@
 #include "master/http_endpoint.h"
 
 #include <httplib.h>
+#include <openssl/crypto.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -178,14 +179,48 @@ std::string RenderMetrics(const MasterState& state) {
   return out.str();
 }
 
-void InstallHttpRoutes(httplib::Server& server, MasterState& state) {
+namespace {
+
+// True when the request may see the admin routes; otherwise fills the refusal.
+bool AdminAllowed(const HttpAuth& auth, const httplib::Request& request,
+                  httplib::Response& response) {
+  if (!auth.required) return true;
+  const std::string header = request.get_header_value("Authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (header.rfind(kBearer, 0) != 0) {
+    response.status = 401;
+    response.set_header("WWW-Authenticate", "Bearer");
+    response.set_content("this route needs the admin token: Authorization: Bearer TOKEN\n",
+                         "text/plain");
+    return false;
+  }
+  std::string_view given = std::string_view(header).substr(kBearer.size());
+  if (auth.admin_token.empty() || given.size() != auth.admin_token.size() ||
+      CRYPTO_memcmp(given.data(), auth.admin_token.data(), given.size()) != 0) {
+    response.status = 403;
+    response.set_content(auth.admin_token.empty()
+                             ? "this master has no admin token (--admin-token-file)\n"
+                             : "wrong admin token\n",
+                         "text/plain");
+    return false;
+  }
+  return true;
+}
+
+constexpr size_t kMaxKeysListed = 100000;
+
+}  // namespace
+
+void InstallHttpRoutes(httplib::Server& server, MasterState& state, HttpAuth auth) {
   server.Get("/metrics", [&state](const httplib::Request&, httplib::Response& response) {
     response.set_content(RenderMetrics(state), "text/plain; version=0.0.4");
   });
   server.Get("/health", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok\n", "text/plain");
   });
-  server.Get("/segments", [&state](const httplib::Request&, httplib::Response& response) {
+  server.Get("/segments", [&state, auth](const httplib::Request& request,
+                                         httplib::Response& response) {
+    if (!AdminAllowed(auth, request, response)) return;
     nlohmann::json out = nlohmann::json::array();
     for (const SegmentView& segment : state.ListSegments({})) {
       out.push_back({{"segment_id", segment.segment_id},
@@ -200,7 +235,8 @@ void InstallHttpRoutes(httplib::Server& server, MasterState& state) {
     response.set_content(out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
                          "application/json");
   });
-  server.Get("/keys", [&state](const httplib::Request& request, httplib::Response& response) {
+  server.Get("/keys", [&state, auth](const httplib::Request& request, httplib::Response& response) {
+    if (!AdminAllowed(auth, request, response)) return;
     size_t limit = 1000;
     if (request.has_param("limit")) {
       try {
@@ -211,6 +247,7 @@ void InstallHttpRoutes(httplib::Server& server, MasterState& state) {
         return;
       }
     }
+    limit = std::min(limit, kMaxKeysListed);
     nlohmann::json out = nlohmann::json::array();
     for (const auto& [key, size] : state.ListKeys(request.get_param_value("prefix"), limit)) {
       out.push_back({{"key", key}, {"size", size}});

@@ -110,7 +110,7 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
         std::vector<StoredReplica> replicas = EraseLocked(shard, shard.processing.oldest);
         quarantined.insert(quarantined.end(), replicas.begin(), replicas.end());
         counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
-        Log().warn("put of key '{}' not ended within {} ms: revoked", key,
+        Log().warn("put of key {} not ended within {} ms: revoked", QuoteKey(key),
                    options_.put_timeout.count());
       }
     }

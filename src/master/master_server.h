@@ -8,16 +8,26 @@
 
 #include "larder/status.h"
 #include "master/master_state.h"
+#include "master/sessions.h"
 
 namespace larder::master {
 
 struct MasterServerOptions {
-  // gRPC control plane. Port 0 picks a free port (see MasterServer::port()).
-  std::string listen_host = "0.0.0.0";
+  // gRPC control plane and HTTP. Empty: every interface ("0.0.0.0") when the master has a cluster
+  // token or `insecure`, else loopback only ("127.0.0.1"). Port 0 picks a free port (see
+  // MasterServer::port()).
+  std::string listen_host;
   uint16_t port = 50051;
   // HTTP: /metrics, /health, /segments, /keys?prefix=. Port 0 picks a free port; -1 disables.
   int http_port = 9003;
   MasterOptions master;
+  // Cluster and admin tokens (docs/security.md). Without a cluster token every call is served
+  // unauthenticated, so the master then refuses to listen beyond loopback unless `insecure`.
+  AuthOptions auth;
+  bool insecure = false;
+  // TLS for gRPC (PEM files). Both or neither; clients then need the CA (LARDER_TLS_CA).
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 // larder-master: the gRPC service and the HTTP endpoint over one MasterState.
@@ -29,7 +39,8 @@ class MasterServer {
   ~MasterServer();
 
   uint16_t port() const;
-  int http_port() const;  // -1 when disabled
+  const std::string& listen_host() const;  // as resolved (see MasterServerOptions::listen_host)
+  int http_port() const;                   // -1 when disabled
   // "host:port" clients can dial on this machine.
   std::string address() const;
   MasterState& state();

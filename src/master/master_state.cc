@@ -96,11 +96,35 @@ Result<uint32_t> MasterState::LookupSlot(const std::string& client_id) {
 Status MasterState::ValidateKey(std::string_view key) const {
   if (key.empty()) return InvalidArgumentError("empty key");
   if (key.size() > std::min(options_.max_key_size, kMaxKeyBytes)) {
-    return InvalidArgumentError("key of " + std::to_string(key.size()) +
-                                " bytes exceeds the maximum of " +
-                                std::to_string(std::min(options_.max_key_size, kMaxKeyBytes)));
+    return InvalidArgumentError("key " + QuoteKey(key) + " exceeds the maximum of " +
+                                std::to_string(std::min(options_.max_key_size, kMaxKeyBytes)) +
+                                " bytes");
   }
   return Status::Ok();
+}
+
+Status CheckBatchSize(size_t items, const char* what) {
+  if (items <= kMaxBatchItems) return Status::Ok();
+  return InvalidArgumentError("a batch of " + std::to_string(items) + " " + what +
+                              " exceeds the maximum of " + std::to_string(kMaxBatchItems));
+}
+
+std::string QuoteKey(std::string_view key) {
+  constexpr size_t kShown = 64;
+  std::string out = "'";
+  for (size_t i = 0; i < std::min(key.size(), kShown); ++i) {
+    auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      char escaped[5];
+      snprintf(escaped, sizeof(escaped), "\\x%02x", c);
+      out += escaped;
+    }
+  }
+  out += '\'';
+  if (key.size() > kShown) out += "... (" + std::to_string(key.size()) + " bytes)";
+  return out;
 }
 
 // ---- clients and segments ----
@@ -108,6 +132,20 @@ Status MasterState::ValidateKey(std::string_view key) const {
 std::vector<Result<SegmentId>> MasterState::MountSegments(const std::string& client_id,
                                                           const std::string& host_id,
                                                           std::span<const SegmentMount> segments) {
+  Status invalid;
+  if (client_id.empty() || client_id.size() > kMaxNameBytes) {
+    invalid =
+        InvalidArgumentError("client id must have 1.." + std::to_string(kMaxNameBytes) + " bytes");
+  } else if (host_id.size() > kMaxNameBytes) {
+    invalid =
+        InvalidArgumentError("host id is longer than " + std::to_string(kMaxNameBytes) + " bytes");
+  } else if (segments.size() > kMaxSegmentsPerMount) {
+    invalid =
+        InvalidArgumentError(std::to_string(segments.size()) + " segments in one mount; at most " +
+                             std::to_string(kMaxSegmentsPerMount));
+  }
+  if (!invalid.ok())
+    return std::vector<Result<SegmentId>>(std::max<size_t>(segments.size(), 1), invalid);
   uint32_t slot;
   {
     std::lock_guard lock(clients_mu_);
@@ -201,6 +239,7 @@ void MasterState::ForgetTraffic(const std::string& client_id) {
 Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::string& client_id,
                                                                 std::span<const PutStartItem> items,
                                                                 const PutOptions& options) {
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(items.size(), "put items"));
   LARDER_ASSIGN_OR_RETURN(ClientRecord client, LookupClient(client_id));
   std::vector<PutStartOutcome> results(items.size());
   std::unordered_set<std::string_view> seen;
@@ -220,7 +259,7 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
     const PutStartItem& item = items[i];
     if (!seen.insert(item.key).second) {
       results[i].status =
-          InvalidArgumentError("key '" + std::string(item.key) + "' appears twice in the batch");
+          InvalidArgumentError("key " + QuoteKey(item.key) + " appears twice in the batch");
     } else {
       results[i] = PutStartOne(client, item, plan, options.pin);
     }
@@ -265,7 +304,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
     return outcome;
   }
   if (item.size == 0) {
-    outcome.status = InvalidArgumentError("value of key '" + std::string(item.key) + "' is empty");
+    outcome.status = InvalidArgumentError("value of key " + QuoteKey(item.key) + " is empty");
     return outcome;
   }
   const KeyRef ref(item.key);
@@ -304,13 +343,13 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
         return outcome;
       }
       if (placed.status().code() != StatusCode::kResourceExhausted || round >= 64) {
-        outcome.status = placed.status().WithContext("key '" + std::string(item.key) + "'");
+        outcome.status = placed.status().WithContext("key " + QuoteKey(item.key));
         return outcome;
       }
     }
     if (EvictForPut(item.size * plan.replicas) == 0) {
       outcome.status = ResourceExhaustedError(
-          "no space for key '" + std::string(item.key) + "' (" + std::to_string(item.size) +
+          "no space for key " + QuoteKey(item.key) + " (" + std::to_string(item.size) +
           " bytes) and nothing is evictable: every object is leased, pinned or being written");
       return outcome;
     }
@@ -319,23 +358,28 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
 
 Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_id,
                                                      std::span<const std::string_view> keys) {
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   std::vector<Status> results(keys.size());
   uint64_t tick = tick_.fetch_add(keys.size());
   uint64_t ended = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
+    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
+      results[i] = std::move(invalid);
+      continue;
+    }
     Shard& shard = ShardFor(ref);
     std::lock_guard lock(shard.mu);
     Object* object = shard.Find(ref);
     if (object == nullptr) {
-      results[i] = NotFoundError("no put in progress for key '" + std::string(ref.key) +
-                                 "' (revoked, timed out, or its segments were lost)");
+      results[i] = NotFoundError("no put in progress for key " + QuoteKey(ref.key) +
+                                 " (revoked, timed out, or its segments were lost)");
       continue;
     }
     if (object->writer != slot) {
       results[i] =
-          FailedPreconditionError("key '" + std::string(ref.key) + "' is not a put of this client");
+          FailedPreconditionError("key " + QuoteKey(ref.key) + " is not a put of this client");
       continue;
     }
     if (object->state == ObjectState::kComplete) continue;  // a retried PutEnd
@@ -351,22 +395,27 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
 
 Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& client_id,
                                                         std::span<const std::string_view> keys) {
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   std::vector<Status> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
+    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
+      results[i] = std::move(invalid);
+      continue;
+    }
     std::vector<StoredReplica> freed;
     {
       Shard& shard = ShardFor(ref);
       std::lock_guard lock(shard.mu);
       Object* object = shard.Find(ref);
       if (object == nullptr) {
-        results[i] = NotFoundError("no put in progress for key '" + std::string(ref.key) + "'");
+        results[i] = NotFoundError("no put in progress for key " + QuoteKey(ref.key));
         continue;
       }
       if (object->state != ObjectState::kProcessing || object->writer != slot) {
-        results[i] = FailedPreconditionError("key '" + std::string(ref.key) +
-                                             "' is not a put of this client");
+        results[i] =
+            FailedPreconditionError("key " + QuoteKey(ref.key) + " is not a put of this client");
         continue;
       }
       freed = EraseLocked(shard, object);
@@ -381,6 +430,8 @@ Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& clien
 Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
                                                std::span<const std::string_view> keys, GetMode mode,
                                                std::span<const uint64_t> release) {
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(release.size(), "lease ids"));
   LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   if (!release.empty()) ReleaseLeasesOf(slot, client_id, release, nullptr);
   GetBatch batch;
@@ -397,17 +448,21 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
     GetOutcome& outcome = batch.items[i];
+    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
+      outcome.status = std::move(invalid);
+      ++misses;
+      continue;
+    }
     Shard& shard = ShardFor(ref);
     std::lock_guard lock(shard.mu);
     Object* object = shard.Find(ref);
     if (object == nullptr) {
-      outcome.status = NotFoundError("key '" + std::string(ref.key) + "' not found");
+      outcome.status = NotFoundError("key " + QuoteKey(ref.key) + " not found");
       ++misses;
       continue;
     }
     if (object->state != ObjectState::kComplete) {
-      outcome.status =
-          UnavailableError("key '" + std::string(ref.key) + "' is still being written");
+      outcome.status = UnavailableError("key " + QuoteKey(ref.key) + " is still being written");
       ++misses;
       continue;
     }
@@ -436,6 +491,7 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
 
 Result<std::vector<Status>> MasterState::ReleaseLeases(const std::string& client_id,
                                                        std::span<const uint64_t> lease_ids) {
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(lease_ids.size(), "lease ids"));
   LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   std::vector<Status> results(lease_ids.size());
   ReleaseLeasesOf(slot, client_id, lease_ids, &results);
@@ -476,15 +532,20 @@ void MasterState::ReleaseLeasesOf(uint32_t slot, const std::string& client_id,
 
 Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id,
                                                     std::span<const std::string_view> keys) {
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   std::vector<Status> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
+    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
+      results[i] = std::move(invalid);
+      continue;
+    }
     Shard& shard = ShardFor(ref);
     std::lock_guard lock(shard.mu);
     Object* object = shard.Find(ref);
     if (object == nullptr || object->state != ObjectState::kComplete) {
-      results[i] = NotFoundError("key '" + std::string(ref.key) + "' not found");
+      results[i] = NotFoundError("key " + QuoteKey(ref.key) + " not found");
     }
   }
   return results;
@@ -492,28 +553,33 @@ Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id
 
 Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_id,
                                                      std::span<const std::string_view> keys) {
+  LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   std::vector<Status> results(keys.size());
   int64_t now = Now();
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
+    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
+      results[i] = std::move(invalid);
+      continue;
+    }
     std::vector<StoredReplica> freed;
     {
       Shard& shard = ShardFor(ref);
       std::lock_guard lock(shard.mu);
       Object* object = shard.Find(ref);
       if (object == nullptr) {
-        results[i] = NotFoundError("key '" + std::string(ref.key) + "' not found");
+        results[i] = NotFoundError("key " + QuoteKey(ref.key) + " not found");
         continue;
       }
       if (object->state != ObjectState::kComplete) {
         results[i] =
-            UnavailableError("key '" + std::string(ref.key) + "' is being written; retry later");
+            UnavailableError("key " + QuoteKey(ref.key) + " is being written; retry later");
         continue;
       }
       if (object->Leased(now)) {
         results[i] = UnavailableError(
-            "key '" + std::string(ref.key) + "' is leased to a reader for another " +
+            "key " + QuoteKey(ref.key) + " is leased to a reader for another " +
             std::to_string((object->lease_until - now) / 1000000 + 1) + " ms; retry later");
         continue;
       }

@@ -15,6 +15,20 @@ SegmentTable::SegmentTable(uint64_t id_base, uint64_t alignment, PlacementStrate
 Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& client_id,
                                       const std::string& host_id, const SegmentMount& mount) {
   if (mount.name.empty()) return InvalidArgumentError("segment name is empty");
+  if (mount.name.size() > kMaxNameBytes) {
+    return InvalidArgumentError("segment name " + QuoteKey(mount.name) + " is longer than " +
+                                std::to_string(kMaxNameBytes) + " bytes");
+  }
+  if (mount.descriptor.size() > kMaxDescriptorBytes) {
+    return InvalidArgumentError("descriptor of segment " + QuoteKey(mount.name) + " has " +
+                                std::to_string(mount.descriptor.size()) + " bytes; at most " +
+                                std::to_string(kMaxDescriptorBytes));
+  }
+  if (mount.size > kMaxSegmentBytes) {
+    return InvalidArgumentError("segment " + QuoteKey(mount.name) + " has size " +
+                                std::to_string(mount.size) + ", above the maximum of " +
+                                FormatByteSize(kMaxSegmentBytes));
+  }
   if (mount.size < alignment_) {
     return InvalidArgumentError("segment '" + mount.name + "' has size " +
                                 std::to_string(mount.size) + ", below the minimum of " +
@@ -24,6 +38,10 @@ Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& c
     return InvalidArgumentError("segment '" + mount.name + "' wraps the address space");
   }
   std::lock_guard lock(mu_);
+  if (capacity_ + mount.size > kMaxPoolBytes) {
+    return ResourceExhaustedError("mounting segment " + QuoteKey(mount.name) +
+                                  " would take the pool past " + FormatByteSize(kMaxPoolBytes));
+  }
   if (by_name_.contains(mount.name)) {
     return AlreadyExistsError("segment '" + mount.name + "' is already mounted");
   }

@@ -3,6 +3,7 @@
 #include "master/service.h"
 
 #include "common/logging.h"
+#include "common/proto_mac.h"
 
 namespace larder::master {
 namespace {
@@ -38,6 +39,14 @@ void FillSegment(const SegmentView& view, proto::SegmentInfo* out) {
   out->set_descriptor_json(view.descriptor);
 }
 
+// Bounds a keys request before any vector is built for it.
+grpc::Status CheckKeysRequest(const proto::BatchKeysRequest& request) {
+  Status status = CheckBatchSize(static_cast<size_t>(request.keys_size()), "keys");
+  if (status.ok())
+    status = CheckBatchSize(static_cast<size_t>(request.release_leases_size()), "lease ids");
+  return ToGrpc(status);
+}
+
 // Views of the request's keys, valid while the request is.
 std::vector<std::string_view> Keys(const proto::BatchKeysRequest& request) {
   return {request.keys().begin(), request.keys().end()};
@@ -62,24 +71,108 @@ grpc::Status StatusList(const Result<std::vector<Status>>& results, Reply* reply
   return grpc::Status::OK;
 }
 
+// What a call needs from its session.
+enum class Need {
+  kMember,  // any session (the caller holds the cluster token)
+  kSelf,    // a session of the client the request names
+  kAdmin,   // an operator session (the admin token)
+};
+
+grpc::Status Unauthenticated(const Status& status) {
+  if (status.message() == kUnknownSessionDetail) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "unknown session (the master restarted, or the session expired)",
+                        kUnknownSessionDetail);
+  }
+  return ToGrpc(status);
+}
+
 class MasterService final : public proto::Master::Service {
  public:
-  explicit MasterService(MasterState* state) : state_(state) {}
+  MasterService(MasterState* state, SessionTable* sessions) : state_(state), sessions_(sessions) {}
+
+  // Checks the call's proof (when the master has a token) and that its session may act as the
+  // request says. Run first in every method: nothing is done for a call that fails it.
+  template <typename Request>
+  grpc::Status Authorize(grpc::ServerContext* context, const char* method, const Request& request,
+                         Need need) {
+    if (!sessions_->enabled()) return grpc::Status::OK;
+    std::string_view metadata;
+    const auto& entries = context->client_metadata();
+    if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
+      metadata = std::string_view(it->second.data(), it->second.size());
+    }
+    auto identity = sessions_->Verify(metadata, method, SerializeForMac(request));
+    if (!identity.ok()) return Unauthenticated(identity.status());
+    if constexpr (requires { request.client_id(); }) {
+      if (need == Need::kSelf && request.client_id() != identity->client_id) {
+        Log().warn("{}: session of client {} refused acting for client {}", method,
+                   identity->client_id, QuoteKey(request.client_id()));
+        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                            "this session acts for client '" + identity->client_id +
+                                "' only, not for " + QuoteKey(request.client_id()));
+      }
+    }
+    if (need == Need::kAdmin && !identity->admin) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          std::string(method) + " needs an operator session: " +
+                              (sessions_->has_admin_token()
+                                   ? "set LARDER_ADMIN_TOKEN to the master's admin token"
+                                   : "this master has no admin token (--admin-token-file)"));
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Challenge(grpc::ServerContext*, const proto::ChallengeRequest*,
+                         proto::ChallengeReply* reply) override {
+    reply->set_auth_required(sessions_->enabled());
+    if (sessions_->enabled()) reply->set_server_nonce(sessions_->NewChallenge());
+    reply->set_master_incarnation(state_->incarnation());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status OpenSession(grpc::ServerContext* context, const proto::OpenSessionRequest* request,
+                           proto::OpenSessionReply* reply) override {
+    if (!sessions_->enabled()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this master has no cluster token; calls need no session");
+    }
+    auto opened =
+        sessions_->Open(request->client_id(), request->client_nonce(), request->server_nonce(),
+                        request->proof(), request->admin_proof());
+    if (!opened.ok()) {
+      Log().warn("OpenSession from {} refused: {}", context->peer(), opened.status().ToString());
+      return ToGrpc(opened.status());
+    }
+    reply->set_session_id(opened->session_id);
+    reply->set_proof(opened->proof.data(), opened->proof.size());
+    reply->set_admin(opened->admin);
+    return grpc::Status::OK;
+  }
 
   // Leases released on the back of another call: best effort, like the call they ride on (an
   // unknown client's are dropped with it, and expire at their TTL).
   void ReleaseCarried(const std::string& client_id,
                       const google::protobuf::RepeatedField<uint64_t>& ids) {
-    if (ids.empty()) return;
+    if (ids.empty() || static_cast<size_t>(ids.size()) > kMaxBatchItems) return;
     state_->ReleaseLeases(client_id, std::span(ids.data(), static_cast<size_t>(ids.size())))
         .status()
         .IgnoreError();
   }
 
-  grpc::Status MountSegments(grpc::ServerContext*, const proto::MountSegmentsRequest* request,
+  grpc::Status MountSegments(grpc::ServerContext* context,
+                             const proto::MountSegmentsRequest* request,
                              proto::MountSegmentsReply* reply) override {
+    if (auto denied = Authorize(context, "MountSegments", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
     if (request->client_id().empty()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty client id");
+    }
+    if (request->segments_size() > static_cast<int>(kMaxSegmentsPerMount)) {
+      return ToGrpc(InvalidArgumentError(std::to_string(request->segments_size()) +
+                                         " segments in one mount; at most " +
+                                         std::to_string(kMaxSegmentsPerMount)));
     }
     std::vector<SegmentMount> mounts;
     for (const proto::SegmentInfo& segment : request->segments()) {
@@ -95,17 +188,25 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status UnmountSegments(grpc::ServerContext*, const proto::UnmountSegmentsRequest* request,
+  grpc::Status UnmountSegments(grpc::ServerContext* context,
+                               const proto::UnmountSegmentsRequest* request,
                                proto::UnmountSegmentsReply* reply) override {
+    if (auto denied = Authorize(context, "UnmountSegments", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
     std::vector<SegmentId> ids(request->segment_id().begin(), request->segment_id().end());
     auto results = state_->UnmountSegments(request->client_id(), ids, request->unregister_client());
     if (!results.ok()) return ToGrpc(results.status());
+    if (request->unregister_client()) sessions_->CloseClient(request->client_id());
     for (const Status& status : *results) SetStatus(reply->add_status(), status);
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* request,
+  grpc::Status Heartbeat(grpc::ServerContext* context, const proto::HeartbeatRequest* request,
                          proto::HeartbeatReply* reply) override {
+    if (auto denied = Authorize(context, "Heartbeat", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
     ClientTraffic traffic;
     const int entries = std::min<int>(request->traffic_size(), kMaxTrafficEntries);
     traffic.routes.reserve(static_cast<size_t>(entries));
@@ -126,8 +227,21 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BatchPutStart(grpc::ServerContext*, const proto::BatchPutStartRequest* request,
+  grpc::Status BatchPutStart(grpc::ServerContext* context,
+                             const proto::BatchPutStartRequest* request,
                              proto::BatchPutStartReply* reply) override {
+    if (auto denied = Authorize(context, "BatchPutStart", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    if (Status size = CheckBatchSize(static_cast<size_t>(request->items_size()), "put items");
+        !size.ok()) {
+      return ToGrpc(size);
+    }
+    if (request->preferred_segments_size() > static_cast<int>(kMaxPreferredSegments)) {
+      return ToGrpc(InvalidArgumentError(std::to_string(request->preferred_segments_size()) +
+                                         " preferred segments; at most " +
+                                         std::to_string(kMaxPreferredSegments)));
+    }
     ReleaseCarried(request->client_id(), request->release_leases());
     std::vector<PutStartItem> items;
     items.reserve(static_cast<size_t>(request->items_size()));
@@ -154,20 +268,33 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BatchPutEnd(grpc::ServerContext*, const proto::BatchKeysRequest* request,
+  grpc::Status BatchPutEnd(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
                            proto::BatchStatusReply* reply) override {
+    if (auto denied = Authorize(context, "BatchPutEnd", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     return StatusList(state_->BatchPutEnd(request->client_id(), Keys(*request)), reply);
   }
 
-  grpc::Status BatchPutRevoke(grpc::ServerContext*, const proto::BatchKeysRequest* request,
+  grpc::Status BatchPutRevoke(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
                               proto::BatchStatusReply* reply) override {
+    if (auto denied = Authorize(context, "BatchPutRevoke", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     return StatusList(state_->BatchPutRevoke(request->client_id(), Keys(*request)), reply);
   }
 
-  grpc::Status BatchGetReplicas(grpc::ServerContext*, const proto::BatchKeysRequest* request,
+  grpc::Status BatchGetReplicas(grpc::ServerContext* context,
+                                const proto::BatchKeysRequest* request,
                                 proto::BatchGetReplicasReply* reply) override {
+    if (auto denied = Authorize(context, "BatchGetReplicas", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     const auto& release = request->release_leases();
     auto batch =
         state_->BatchGetReplicas(request->client_id(), Keys(*request),
@@ -195,8 +322,12 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReleaseLeases(grpc::ServerContext*, const proto::ReleaseLeasesRequest* request,
+  grpc::Status ReleaseLeases(grpc::ServerContext* context,
+                             const proto::ReleaseLeasesRequest* request,
                              proto::ReleaseLeasesReply* reply) override {
+    if (auto denied = Authorize(context, "ReleaseLeases", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
     return StatusList(
         state_->ReleaseLeases(
             request->client_id(),
@@ -204,8 +335,12 @@ class MasterService final : public proto::Master::Service {
         reply);
   }
 
-  grpc::Status BatchExist(grpc::ServerContext*, const proto::BatchKeysRequest* request,
+  grpc::Status BatchExist(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
                           proto::BatchExistReply* reply) override {
+    if (auto denied = Authorize(context, "BatchExist", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     auto results = state_->BatchExist(request->client_id(), Keys(*request));
     if (!results.ok()) return ToGrpc(results.status());
@@ -214,14 +349,21 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BatchRemove(grpc::ServerContext*, const proto::BatchKeysRequest* request,
+  grpc::Status BatchRemove(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
                            proto::BatchStatusReply* reply) override {
+    if (auto denied = Authorize(context, "BatchRemove", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     return StatusList(state_->BatchRemove(request->client_id(), Keys(*request)), reply);
   }
 
-  grpc::Status RemoveAll(grpc::ServerContext*, const proto::RemoveAllRequest* request,
+  grpc::Status RemoveAll(grpc::ServerContext* context, const proto::RemoveAllRequest* request,
                          proto::RemoveAllReply* reply) override {
+    if (auto denied = Authorize(context, "RemoveAll", *request, Need::kAdmin); !denied.ok()) {
+      return denied;
+    }
     auto outcome = state_->RemoveAll(request->client_id());
     if (!outcome.ok()) return ToGrpc(outcome.status());
     reply->set_removed(outcome->removed);
@@ -229,8 +371,11 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ListSegments(grpc::ServerContext*, const proto::ListSegmentsRequest* request,
+  grpc::Status ListSegments(grpc::ServerContext* context, const proto::ListSegmentsRequest* request,
                             proto::ListSegmentsReply* reply) override {
+    if (auto denied = Authorize(context, "ListSegments", *request, Need::kMember); !denied.ok()) {
+      return denied;
+    }
     std::vector<SegmentId> ids(request->segment_id().begin(), request->segment_id().end());
     for (const SegmentView& view : state_->ListSegments(ids)) {
       FillSegment(view, reply->add_segments());
@@ -238,8 +383,11 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetStats(grpc::ServerContext*, const proto::StatsRequest*,
+  grpc::Status GetStats(grpc::ServerContext* context, const proto::StatsRequest* request,
                         proto::StatsReply* reply) override {
+    if (auto denied = Authorize(context, "GetStats", *request, Need::kMember); !denied.ok()) {
+      return denied;
+    }
     MasterStats stats = state_->Stats();
     reply->set_objects(stats.objects);
     reply->set_bytes_used(stats.bytes_used);
@@ -256,12 +404,14 @@ class MasterService final : public proto::Master::Service {
 
  private:
   MasterState* state_;
+  SessionTable* sessions_;
 };
 
 }  // namespace
 
-std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state) {
-  return std::make_unique<MasterService>(state);
+std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state,
+                                                         SessionTable* sessions) {
+  return std::make_unique<MasterService>(state, sessions);
 }
 
 }  // namespace larder::master

@@ -8,9 +8,12 @@
 
 #include "master.grpc.pb.h"
 #include "master/master_state.h"
+#include "master/sessions.h"
 
 namespace larder::master {
 
-std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state);
+// `sessions` checks every call's proof when it has a cluster token; both outlive the service.
+std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state,
+                                                         SessionTable* sessions);
 
 }  // namespace larder::master

@@ -151,6 +151,22 @@ struct ClientTraffic {
 inline constexpr size_t kMaxTrafficEntries = 1024;
 inline constexpr size_t kMaxTrafficLabelBytes = 256;
 
+// Bounds on what one request may ask, checked before any work is done for it.
+inline constexpr size_t kMaxBatchItems = 65536;  // keys, put items or lease ids of one call
+inline constexpr size_t kMaxNameBytes = 256;     // client ids, host ids, segment names
+inline constexpr size_t kMaxDescriptorBytes = 64 * 1024;
+inline constexpr size_t kMaxSegmentsPerMount = 64;
+inline constexpr size_t kMaxPreferredSegments = 64;
+// Largest segment (64 TiB, the most a process's address space maps) and the largest pool.
+inline constexpr uint64_t kMaxSegmentBytes = 1ULL << 46;
+inline constexpr uint64_t kMaxPoolBytes = 1ULL << 60;
+
+// A key as errors quote it: at most its first 64 bytes, with anything that is not printable
+// ASCII escaped as \xNN, in quotes, and its length when it was cut: 'abc'... (70000 bytes).
+std::string QuoteKey(std::string_view key);
+// InvalidArgument when a call carries more than kMaxBatchItems `what`s.
+Status CheckBatchSize(size_t items, const char* what);
+
 struct RemoveAllOutcome {
   uint64_t removed = 0;
   uint64_t skipped_leased = 0;

@@ -3,9 +3,11 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -225,6 +227,18 @@ Status Engine::Init() {
   context_.host_id = options_.host_id.empty() ? DefaultHostId() : options_.host_id;
   context_.auth_token =
       options_.auth_token.empty() ? GetEnv("LARDER_AUTH_TOKEN") : options_.auth_token;
+  auto option_or_env = [](const std::string& option, const char* variable) {
+    return option.empty() ? GetEnv(variable) : option;
+  };
+  context_.tls_cert_file = option_or_env(options_.tls_cert_file, "LARDER_TLS_CERT");
+  context_.tls_key_file = option_or_env(options_.tls_key_file, "LARDER_TLS_KEY");
+  context_.tls_ca_file = option_or_env(options_.tls_ca_file, "LARDER_TLS_CA");
+  std::string non_dumpable = GetEnv("LARDER_NON_DUMPABLE");
+  if (options_.non_dumpable || non_dumpable == "1" || non_dumpable == "true") {
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+      return ErrnoToStatus(errno, "prctl(PR_SET_DUMPABLE, 0)");
+    }
+  }
   char nonce[17];
   snprintf(nonce, sizeof(nonce), "%016llx", static_cast<unsigned long long>(RandomU64()));
   context_.engine_id = context_.host_id + "/" + std::to_string(getpid()) + "/" + nonce;
@@ -252,6 +266,7 @@ Status Engine::Init() {
   server_ = std::make_unique<tcp::TcpDataServer>(context_);
   LARDER_RETURN_IF_ERROR(server_->Start(listen));
   context_.tcp_endpoint = AdvertisedHost(listen.host) + ":" + std::to_string(server_->port());
+  server_->set_advertised_endpoint(context_.tcp_endpoint);
 
   check_local_registration_ = options_.require_local_registration;
   std::string names;
@@ -364,7 +379,7 @@ bool Engine::LocalRangeRegistered(const void* ptr, uint64_t length) const {
 Result<std::vector<SegmentDescriptor>> Engine::ListPeerSegments(const std::string& address,
                                                                 std::chrono::milliseconds timeout) {
   LARDER_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address));
-  return tcp::FetchDescriptors(hp, context_.auth_token, Clock::now() + timeout);
+  return tcp::FetchDescriptors(hp, context_, Clock::now() + timeout);
 }
 
 Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {

@@ -27,7 +27,11 @@ class SegmentExports;
 struct EngineContext {
   std::string engine_id;
   std::string host_id;
-  std::string auth_token;    // empty: no token
+  std::string auth_token;  // empty: no token
+  // TLS files of the tcp data plane (resolved from options and LARDER_TLS_*); empty: no TLS.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
   std::string tcp_endpoint;  // the engine's data server, "ip:port"
   const TransferEngineOptions* options = nullptr;
   HugePages huge_pages = HugePages::kOff;  // resolved from options and LARDER_HUGE_PAGES

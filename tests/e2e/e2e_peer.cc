@@ -2,9 +2,12 @@
 //
 // larder-e2e-peer: a second process for end-to-end tests.
 //   serve  export a segment filled with a known pattern, print "READY <address>" (and with
-//          --print-host-id "HOST <host id>"), serve until stdin closes
+//          --print-host-id "HOST <host id>"), serve until stdin closes; optionally as another uid
+//          (--uid) and non-dumpable (--non-dumpable)
 //   probe  open a peer's segment (optionally after dropping to another uid), read it, and print
 //          "ROUTE <route>" and "STATUS <code name>" ; exits 0 when the probe ran
+#include <grp.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,11 +22,32 @@ namespace {
 // Byte i of a served segment.
 uint8_t PatternByte(uint64_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 12)); }
 
+// Switches every uid and gid of this process (real, effective, saved) to `uid`, dropping the
+// supplementary groups. Needs root. False (with a message on stderr) when the kernel refuses.
+bool SwitchToUid(int uid, const char* who) {
+  auto id = static_cast<uid_t>(uid);
+  if (setgroups(0, nullptr) != 0 || setresgid(id, id, id) != 0 || setresuid(id, id, id) != 0) {
+    std::cerr << who << ": cannot switch to uid " << uid << ": " << std::strerror(errno) << "\n";
+    return false;
+  }
+  return true;
+}
+
 int Serve(const std::string& protocol, uint64_t size, const std::string& token, int allowed_uid,
-          bool print_host_id) {
+          bool print_host_id, int uid, bool non_dumpable) {
+  if (uid >= 0) {
+    if (!SwitchToUid(uid, "serve")) return 2;
+    // The kernel clears the dumpable flag whenever credentials change; a process started as `uid`
+    // has it set. Restore it, so that only the engine's option decides what is tested.
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) {
+      std::cerr << "serve: prctl(PR_SET_DUMPABLE, 1): " << std::strerror(errno) << "\n";
+      return 2;
+    }
+  }
   larder::TransferEngineOptions options;
   options.protocol = protocol;
   options.auth_token = token;
+  options.non_dumpable = non_dumpable;
   if (allowed_uid >= 0) options.shm_allowed_uids = {static_cast<uint32_t>(allowed_uid)};
   auto engine = larder::TransferEngine::Create(options);
   if (!engine.ok()) {
@@ -49,10 +73,7 @@ int Serve(const std::string& protocol, uint64_t size, const std::string& token, 
 }
 
 int Probe(const std::string& target, const std::string& protocol, int uid) {
-  if (uid >= 0 && (setgid(static_cast<gid_t>(uid)) != 0 || setuid(static_cast<uid_t>(uid)) != 0)) {
-    std::cerr << "probe: cannot switch to uid " << uid << ": " << std::strerror(errno) << "\n";
-    return 2;
-  }
+  if (uid >= 0 && !SwitchToUid(uid, "probe")) return 2;
   larder::TransferEngineOptions options;
   options.protocol = protocol;
   auto engine = larder::TransferEngine::Create(options);
@@ -89,18 +110,22 @@ int main(int argc, char** argv) {
   std::string protocol = "auto", token, target;
   uint64_t size = 64ULL << 20;
   int allowed_uid = -1, uid = -1;
-  bool print_host_id = false;
+  bool print_host_id = false, non_dumpable = false;
   auto* serve = app.add_subcommand("serve", "export a patterned segment named 'e2e'");
   serve->add_option("--protocol", protocol)->capture_default_str();
   serve->add_option("--segment-size", size)->capture_default_str();
   serve->add_option("--token", token, "cluster token");
   serve->add_option("--allowed-uid", allowed_uid, "the only uid allowed to map over shm");
   serve->add_flag("--print-host-id", print_host_id, "print \"HOST <host id>\" after READY");
+  serve->add_option("--uid", uid, "switch to this uid (and gid) first (needs root)");
+  serve->add_flag("--non-dumpable", non_dumpable, "set TransferEngineOptions::non_dumpable");
   auto* probe = app.add_subcommand("probe", "open a peer's 'e2e' segment and read it");
   probe->add_option("--target", target)->required();
   probe->add_option("--protocol", protocol)->capture_default_str();
   probe->add_option("--uid", uid, "switch to this uid first (needs root)");
   CLI11_PARSE(app, argc, argv);
-  if (serve->parsed()) return Serve(protocol, size, token, allowed_uid, print_host_id);
+  if (serve->parsed()) {
+    return Serve(protocol, size, token, allowed_uid, print_host_id, uid, non_dumpable);
+  }
   return Probe(target, protocol, uid);
 }

@@ -8,6 +8,7 @@
 
 #include <httplib.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -150,6 +151,45 @@ TEST(StoreE2ETest, ThreeClientsPutAndGetAcrossProcesses) {
   json removed = Send(workers[2], {{"cmd", "remove"}, {"keys", {"rm/0", "from0/0", "nope"}}});
   EXPECT_EQ(removed["codes"], json({0, 0, 5}));  // OK, OK, NotFound
   EXPECT_EQ(Send(workers[0], {{"cmd", "exist"}, {"keys", {"rm/0"}}})["exist"], json({false}));
+}
+
+std::string WriteTokenFile(const std::string& name, const std::string& token) {
+  std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << token << "\n";
+  return path;
+}
+
+// With a cluster token, clients that hold it store and read across processes over shm and tcp;
+// a process without it, or with a wrong one, cannot even join, and the cache is unchanged.
+TEST(StoreE2ETest, TheClusterTokenGuardsTheMasterAndThePeers) {
+  const std::string token = "e2e-cluster-token-0123456789";
+  const std::string admin = "e2e-admin-token-0123456789";
+  Master master = StartMaster({"--auth-token-file", WriteTokenFile("cluster.token", token),
+                               "--admin-token-file", WriteTokenFile("admin.token", admin)});
+  ChildProcess a = StartWorker(master, "a", "64M", {{"LARDER_AUTH_TOKEN", token}});
+  ChildProcess b = StartWorker(master, "b", "64M", {{"LARDER_AUTH_TOKEN", token}});
+  ChildProcess c = StartWorker(master, "c", "64M",
+                               {{"LARDER_AUTH_TOKEN", token}, {"LARDER_STORE_PROTOCOL", "tcp"}});
+  EXPECT_EQ(Put(a, "shm/", 50, 64 * 1024, "b")["ok"], 50);
+  EXPECT_EQ(Send(a, {{"cmd", "route"}, {"segment", "b"}})["route"], "shm");
+  EXPECT_EQ(Put(c, "tcp/", 50, 64 * 1024, "a")["ok"], 50);
+  EXPECT_EQ(Send(c, {{"cmd", "route"}, {"segment", "a"}})["route"], "tcp");
+  EXPECT_EQ(Get(b, "tcp/", 50, 64 * 1024)["verified"], 50);
+  EXPECT_EQ(Get(c, "shm/", 50, 64 * 1024)["verified"], 50);
+
+  for (const std::string& wrong : {std::string(), std::string("not-the-token-0123456789")}) {
+    std::map<std::string, std::string> env = {{"LARDER_AUTH_TOKEN", wrong}};
+    auto intruder =
+        ChildProcess::Spawn({Bin("larder-bench"), "store-worker", "--master", master.address,
+                             "--segment-size", "64M", "--segment-name", "intruder"},
+                            env, seconds(20));
+    EXPECT_FALSE(intruder.ok()) << "a client without the token joined";
+  }
+  // RemoveAll needs the operator token.
+  json refused = Send(a, {{"cmd", "remove_all"}}, seconds(60));
+  EXPECT_NE(refused.value("code", ""), "OK") << refused;
+  EXPECT_EQ(Get(b, "shm/", 50, 64 * 1024)["verified"], 50);
+  EXPECT_EQ(Get(a, "tcp/", 50, 64 * 1024)["verified"], 50);
 }
 
 TEST(StoreE2ETest, StoreProtocolTcpTakesTheNetworkPath) {

@@ -5,6 +5,7 @@
 // memory backs: the master only does arithmetic on it.
 #include "bench/master_bench.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include "bench/process.h"
 #include "bench/report.h"
 #include "client/master_client.h"
+#include "common/net.h"
 
 namespace larder::bench {
 namespace {
@@ -49,18 +51,36 @@ struct Master {
   std::string client_id;
 };
 
-Result<Master> StartMaster() {
+Result<Master> StartMaster(bool auth) {
   std::string self = SelfExecutable();
   std::string path = self.substr(0, self.rfind('/') + 1) + "larder-master";
+  std::vector<std::string> argv = {path,
+                                   "--host",
+                                   "127.0.0.1",
+                                   "--port",
+                                   "0",
+                                   "--http-port",
+                                   "-1",
+                                   "--parent-watch",
+                                   "--eviction-high-watermark",
+                                   "1"};
+  client::MasterClientOptions client_options;
+  client_options.timeout = std::chrono::seconds(60);
   Master master;
-  LARDER_ASSIGN_OR_RETURN(
-      master.process,
-      ChildProcess::Spawn({path, "--host", "127.0.0.1", "--port", "0", "--http-port", "-1",
-                           "--parent-watch", "--eviction-high-watermark", "1"},
-                          {{"LARDER_LOG_LEVEL", "warn"}}, std::chrono::seconds(30)));
-  std::string address = master.process.address().substr(0, master.process.address().find(' '));
-  master.client = std::make_unique<client::MasterClient>(address, std::chrono::seconds(60));
   master.client_id = "master-bench/" + std::to_string(getpid());
+  client_options.client_id = master.client_id;
+  if (auth) {
+    uint8_t secret[16];
+    RandomBytes(secret, sizeof(secret));
+    for (uint8_t b : secret) client_options.auth_token += fmt::format("{:02x}", b);
+    std::string file = "/tmp/larder-master-bench-" + std::to_string(getpid()) + ".token";
+    std::ofstream(file) << client_options.auth_token;
+    argv.insert(argv.end(), {"--auth-token-file", file});
+  }
+  LARDER_ASSIGN_OR_RETURN(master.process, ChildProcess::Spawn(argv, {{"LARDER_LOG_LEVEL", "warn"}},
+                                                              std::chrono::seconds(30)));
+  client_options.address = master.process.address().substr(0, master.process.address().find(' '));
+  master.client = std::make_unique<client::MasterClient>(client_options);
   proto::MountSegmentsRequest mount;
   proto::MountSegmentsReply reply;
   mount.set_client_id(master.client_id);
@@ -121,10 +141,11 @@ int RunMasterBench(const MasterBenchOptions& options) {
   nlohmann::json out = {{"bench", "master"},
                         {"batch", options.batch},
                         {"threads", options.threads},
-                        {"key_size", options.key_size}};
+                        {"key_size", options.key_size},
+                        {"auth", options.auth}};
   // 1. Throughput: each thread puts fresh keys for the duration, then gets random ones.
   {
-    auto master = StartMaster();
+    auto master = StartMaster(options.auth);
     if (!master.ok()) return fail(master.status());
     std::atomic<uint64_t> puts{0}, gets{0};
     std::vector<std::vector<double>> put_lat(options.threads), get_lat(options.threads);
@@ -193,7 +214,7 @@ int RunMasterBench(const MasterBenchOptions& options) {
   }
   // 2. Memory: resident bytes of a fresh master before and after `objects` puts.
   {
-    auto master = StartMaster();
+    auto master = StartMaster(options.auth);
     if (!master.ok()) return fail(master.status());
     uint64_t before = ResidentBytes(master->process.pid());
     std::vector<std::thread> threads;

@@ -14,6 +14,8 @@ struct MasterBenchOptions {
   double duration_s = 3;       // per measured operation
   uint64_t objects = 1000000;  // objects inserted for the memory figure
   size_t key_size = 32;
+  // Run the master with a cluster token: every call then carries its session's proof.
+  bool auth = false;
   bool json = false;
 };
 

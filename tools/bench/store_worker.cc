@@ -9,6 +9,7 @@
 
 #include "bench/process.h"
 #include "bench/values.h"
+#include "common/env.h"
 #include "larder/store_client.h"
 
 namespace larder::bench {
@@ -55,6 +56,12 @@ class Worker {
     if (name == "get") return Get(cmd);
     if (name == "exist") return Exist(cmd);
     if (name == "remove") return Remove(cmd);
+    if (name == "remove_all") {
+      auto removed = client_->RemoveAll();
+      return {{"code", std::string(StatusCodeName(removed.status().code()))},
+              {"removed", removed.ok() ? *removed : 0},
+              {"message", removed.status().message()}};
+    }
     if (name == "route") {
       auto route = client_->RouteTo(cmd.value("segment", ""));
       if (!route.ok()) return {{"error", route.status().ToString()}};
@@ -279,6 +286,10 @@ Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(int http_port)
   options.listen_host = "127.0.0.1";
   options.port = 0;
   options.http_port = http_port;
+  // The clients these tools start read LARDER_AUTH_TOKEN and LARDER_ADMIN_TOKEN; so does their
+  // master, or token-holding clients would refuse it.
+  options.auth.cluster_token = GetEnv("LARDER_AUTH_TOKEN");
+  if (!options.auth.cluster_token.empty()) options.auth.admin_token = GetEnv("LARDER_ADMIN_TOKEN");
   return master::MasterServer::Start(options);
 }
 

@@ -15,6 +15,8 @@
 //         "verified":n, "first_error":s, "seconds":t, "lat_us":[...]}
 //   {"cmd":"exist", "keys":[...]}   -> {"exist":[true|false|null]}
 //   {"cmd":"remove", "keys":[...]}  -> {"codes":[status code per key]}
+//   {"cmd":"remove_all"}              -> {"code":"OK" or the error code name, "removed":n,
+//   "message"}
 //   {"cmd":"route", "segment":name} -> {"route":"shm"} or {"error":...}
 //   {"cmd":"stats"}   -> the engine's EngineStats JSON, plus "client_id", "rss_bytes" and
 //                        "rss_shmem_bytes" of this process
@@ -55,6 +57,8 @@ Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions
 
 // The master a benchmark or demo starts in its own process: loopback, a free gRPC port, HTTP on
 // `http_port` (0: a free one; -1: off).
+// A master on loopback for the tools' clusters, with LARDER_AUTH_TOKEN / LARDER_ADMIN_TOKEN as its
+// tokens when they are set.
 Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(int http_port = -1);
 
 }  // namespace larder::bench

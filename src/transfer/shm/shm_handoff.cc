@@ -18,6 +18,22 @@ namespace {
 // local and take well under a millisecond; the bound keeps a stalled peer from delaying others.
 constexpr auto kHandoffTimeout = std::chrono::milliseconds(500);
 
+// Copies `text` into a fixed string field. REQUIRES: text.size() <= N - 1 and <= 255.
+template <size_t N>
+void SetField(char (&field)[N], uint8_t* length, std::string_view text) {
+  static_assert(N >= 2);
+  std::memcpy(field, text.data(), text.size());
+  *length = static_cast<uint8_t>(text.size());
+}
+
+// The string in a received fixed field; false when its length does not fit the field (or `limit`).
+template <size_t N>
+bool GetField(const char (&field)[N], uint8_t length, size_t limit, std::string_view* text) {
+  if (length > N - 1 || length > limit) return false;
+  *text = std::string_view(field, length);
+  return true;
+}
+
 HandoffServerMessage Reply(const Status& status, uint64_t size) {
   HandoffServerMessage m;
   m.type = HandoffServerMessage::kReply;
@@ -31,19 +47,33 @@ HandoffServerMessage Reply(const Status& status, uint64_t size) {
 Status ReplyStatus(const HandoffServerMessage& m) {
   std::string text(m.message, strnlen(m.message, sizeof(m.message)));
   auto code = static_cast<StatusCode>(m.code);
-  if (m.code > static_cast<uint8_t>(StatusCode::kDataLoss)) code = StatusCode::kInternal;
+  if (m.code > static_cast<uint8_t>(StatusCode::kUnauthenticated)) code = StatusCode::kInternal;
   return Status(code, text);
+}
+
+MacInput BindingInput(std::string_view label, const HandoffBinding& b) {
+  MacInput input(label);
+  input.Add(b.owner_nonce, kHandoffNonceBytes)
+      .Add(b.peer_nonce, kHandoffNonceBytes)
+      .Add(b.owner_engine_id)
+      .Add(b.socket_name)
+      .Add(b.peer_engine_id)
+      .Add(b.segment_id)
+      .Add(b.epoch);
+  return input;
 }
 
 }  // namespace
 
-std::array<uint8_t, 32> HandoffMac(const std::string& token, const uint8_t* nonce,
-                                   uint64_t segment_id, uint64_t epoch) {
-  uint8_t data[48];
-  std::memcpy(data, nonce, 32);
-  std::memcpy(data + 32, &segment_id, 8);
-  std::memcpy(data + 40, &epoch, 8);
-  return HmacSha256(token, data, sizeof(data));
+std::array<uint8_t, 32> HandoffPeerMac(std::string_view token, const HandoffBinding& binding) {
+  return BindingInput("larder-shm-client-v1", binding).Sign(token);
+}
+
+std::array<uint8_t, 32> HandoffOwnerMac(std::string_view token, const HandoffBinding& binding,
+                                        uint8_t code, uint64_t size) {
+  MacInput input = BindingInput("larder-shm-server-v1", binding);
+  input.Add(uint64_t{code}).Add(size);
+  return input.Sign(token);
 }
 
 ShmHandoffServer::ShmHandoffServer(const EngineContext& context, std::vector<uint32_t> allowed_uids)
@@ -54,6 +84,18 @@ ShmHandoffServer::ShmHandoffServer(const EngineContext& context, std::vector<uin
 ShmHandoffServer::~ShmHandoffServer() { Stop(); }
 
 Status ShmHandoffServer::Start(const std::string& name) {
+  if (context_.engine_id.size() > kHandoffMaxEngineId) {
+    return InvalidArgumentError(
+        "engine id '" + context_.engine_id + "' is " + std::to_string(context_.engine_id.size()) +
+        " bytes; the shm handoff carries at most " + std::to_string(kHandoffMaxEngineId));
+  }
+  if (name.size() > kHandoffMaxSocketName) {
+    return InvalidArgumentError("shm handoff socket name @" + name + " is " +
+                                std::to_string(name.size()) +
+                                " bytes; abstract Unix socket names hold at most " +
+                                std::to_string(kHandoffMaxSocketName) + " (shorten the host id)");
+  }
+  socket_name_ = name;
   LARDER_ASSIGN_OR_RETURN(listener_, UnixListenAbstract(name));
   thread_ = std::thread([this] { AcceptLoop(); });
   return Status();
@@ -92,10 +134,12 @@ void ShmHandoffServer::Serve(int fd) {
     SendWithFd(fd, &m, sizeof(m), -1).IgnoreError();
     return;
   }
+  const bool need_auth = !context_.auth_token.empty();
   HandoffServerMessage hello;
   hello.type = HandoffServerMessage::kHello;
-  hello.need_auth = context_.auth_token.empty() ? 0 : 1;
+  hello.need_auth = need_auth ? 1 : 0;
   RandomBytes(hello.nonce, sizeof(hello.nonce));
+  SetField(hello.engine_id, &hello.engine_id_len, context_.engine_id);
   if (!SendWithFd(fd, &hello, sizeof(hello), -1).ok()) return;
 
   HandoffRequest request;
@@ -106,40 +150,76 @@ void ShmHandoffServer::Serve(int fd) {
     auto m = Reply(error, 0);
     SendWithFd(fd, &m, sizeof(m), -1).IgnoreError();
   };
+  std::string_view peer_engine_id, dialed;
   if (request.magic != kHandoffMagic) {
     reply_error(InvalidArgumentError("malformed handoff request (bad magic)"));
     return;
   }
-  if (hello.need_auth) {
-    auto expected = HandoffMac(context_.auth_token, hello.nonce, request.segment_id, request.epoch);
+  if (!GetField(request.engine_id, request.engine_id_len, kHandoffMaxEngineId, &peer_engine_id) ||
+      !GetField(request.socket, request.socket_len, kHandoffMaxSocketName, &dialed)) {
+    reply_error(InvalidArgumentError("malformed handoff request (field length out of range)"));
+    return;
+  }
+  peer += " (says engine " + std::string(peer_engine_id) + ")";  // unproven until the mac checks
+  // A relay forwards our greeting to a peer that dialed the relay's socket; the peer's proof names
+  // that socket, so it never verifies here. This check only makes the refusal say so.
+  if (dialed != socket_name_) {
+    reply_error(PermissionDeniedError("relayed handoff refused: the peer dialed @" +
+                                      std::string(dialed) + ", not this engine's socket"));
+    return;
+  }
+  HandoffBinding binding{hello.nonce,    request.nonce,      context_.engine_id, socket_name_,
+                         peer_engine_id, request.segment_id, request.epoch};
+  if (need_auth) {
+    auto expected = HandoffPeerMac(context_.auth_token, binding);
     if (!DigestEqual(expected.data(), request.mac)) {
       reply_error(PermissionDeniedError("wrong cluster token in shm handoff to engine " +
                                         context_.engine_id));
       return;
     }
   }
+  // From here on the peer proved the token (when there is one): replies carry our proof back.
+  auto reply = [&](const Status& result, uint64_t size, int pass_fd) {
+    if (!result.ok()) Log().warn("shm handoff to {} failed: {}", peer, result.ToString());
+    auto m = Reply(result, size);
+    if (need_auth) {
+      auto mac = HandoffOwnerMac(context_.auth_token, binding, m.code, m.size);
+      std::memcpy(m.mac, mac.data(), mac.size());
+    }
+    SendWithFd(fd, &m, sizeof(m), pass_fd).IgnoreError();
+  };
   auto exported = context_.exports->Get(request.segment_id);
   if (!exported.ok()) {
-    reply_error(exported.status());
+    reply(exported.status(), 0, -1);
     return;
   }
   if (exported->descriptor.epoch != request.epoch) {
-    reply_error(NotFoundError("segment " + std::to_string(request.segment_id) +
-                              " was re-registered (stale epoch)"));
+    reply(NotFoundError("segment " + std::to_string(request.segment_id) +
+                        " was re-registered (stale epoch)"),
+          0, -1);
     return;
   }
   if (!exported->memory || exported->memory->fd() < 0) {
-    reply_error(FailedPreconditionError("segment '" + exported->descriptor.name +
-                                        "' is not memfd-backed and cannot be shared"));
+    reply(FailedPreconditionError("segment '" + exported->descriptor.name +
+                                  "' is not memfd-backed and cannot be shared"),
+          0, -1);
     return;
   }
-  auto m = Reply(Status(), exported->descriptor.size);
-  SendWithFd(fd, &m, sizeof(m), exported->memory->fd()).IgnoreError();
+  reply(Status(), exported->descriptor.size, exported->memory->fd());
 }
 
-Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const std::string& token,
+Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const EngineContext& self,
                             Deadline deadline, uint64_t* size, pid_t* owner_pid) {
   std::string peer = "engine " + descriptor.engine_id + " (@" + descriptor.shm_socket + ")";
+  const std::string& token = self.auth_token;
+  if (self.engine_id.size() > kHandoffMaxEngineId) {
+    return InvalidArgumentError("engine id '" + self.engine_id +
+                                "' is too long for the shm handoff");
+  }
+  if (descriptor.shm_socket.size() > kHandoffMaxSocketName) {
+    return InvalidArgumentError(peer + ": shm socket name longer than " +
+                                std::to_string(kHandoffMaxSocketName) + " bytes");
+  }
   auto conn = UnixConnectAbstract(descriptor.shm_socket, deadline);
   if (!conn.ok()) return UnavailableError(peer + ": " + conn.status().message());
   ucred cred{};
@@ -147,31 +227,64 @@ Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const std::stri
   *owner_pid =
       getsockopt(conn->get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.pid : 0;
   HandoffServerMessage hello;
-  Fd unused;
+  Fd unused;  // a greeting never carries an fd; one attached anyway is closed here
   LARDER_RETURN_IF_ERROR(RecvWithFd(conn->get(), &hello, sizeof(hello), &unused, deadline, peer)
                              .WithContext("shm handoff"));
-  if (hello.magic != kHandoffMagic)
+  if (hello.magic != kHandoffMagic) {
     return InternalError(peer + " sent a malformed handoff greeting");
-  if (hello.type == HandoffServerMessage::kReply)
+  }
+  if (hello.type == HandoffServerMessage::kReply && hello.code != 0) {
     return ReplyStatus(hello).WithContext("shm handoff");
+  }
+  std::string_view owner_engine_id;
+  if (hello.type != HandoffServerMessage::kHello ||
+      !GetField(hello.engine_id, hello.engine_id_len, kHandoffMaxEngineId, &owner_engine_id)) {
+    return InternalError(peer + " sent a malformed handoff greeting");
+  }
+  if (owner_engine_id != descriptor.engine_id) {
+    return PermissionDeniedError("@" + descriptor.shm_socket + " is served by engine " +
+                                 std::string(owner_engine_id) + ", not by " + descriptor.engine_id +
+                                 "; refusing its segment");
+  }
   if (hello.need_auth && token.empty()) {
     return PermissionDeniedError(peer + " requires a cluster token and none is configured");
+  }
+  if (!hello.need_auth && !token.empty()) {
+    // Whoever serves a socket named in a descriptor could hand us any fd (memory that it keeps
+    // mapped, or planted bytes); with a token, only an owner that proves it is trusted.
+    return PermissionDeniedError(peer +
+                                 " asks for no proof of the cluster token, so it cannot prove it "
+                                 "holds it either; refusing to map a segment from it");
   }
   HandoffRequest request;
   request.segment_id = descriptor.segment_id;
   request.epoch = descriptor.epoch;
+  RandomBytes(request.nonce, sizeof(request.nonce));
+  SetField(request.engine_id, &request.engine_id_len, self.engine_id);
+  SetField(request.socket, &request.socket_len, descriptor.shm_socket);
+  HandoffBinding binding{hello.nonce,           request.nonce,  owner_engine_id,
+                         descriptor.shm_socket, self.engine_id, descriptor.segment_id,
+                         descriptor.epoch};
   if (hello.need_auth) {
-    auto mac = HandoffMac(token, hello.nonce, descriptor.segment_id, descriptor.epoch);
+    auto mac = HandoffPeerMac(token, binding);
     std::memcpy(request.mac, mac.data(), mac.size());
   }
   LARDER_RETURN_IF_ERROR(SendAll(conn->get(), &request, sizeof(request), deadline, peer));
   HandoffServerMessage reply;
-  Fd fd;
+  Fd fd;  // closed on every error path below: an fd is used only after the reply checks out
   LARDER_RETURN_IF_ERROR(RecvWithFd(conn->get(), &reply, sizeof(reply), &fd, deadline, peer));
   if (reply.magic != kHandoffMagic || reply.type != HandoffServerMessage::kReply) {
     return InternalError(peer + " sent a malformed handoff reply");
   }
   if (reply.code != 0) return ReplyStatus(reply).WithContext("shm handoff");
+  if (hello.need_auth) {
+    auto expected = HandoffOwnerMac(token, binding, reply.code, reply.size);
+    if (!DigestEqual(expected.data(), reply.mac)) {
+      return PermissionDeniedError(peer +
+                                   " replied without proof of the cluster token; its fd was "
+                                   "closed unused");
+    }
+  }
   if (!fd.valid()) return InternalError(peer + " replied OK without a file descriptor");
   *size = reply.size;
   return fd;

@@ -219,8 +219,8 @@ Result<std::shared_ptr<RemoteSegment>> ShmTransport::Open(const SegmentDescripto
   // unless shm_prefault asks for it, so opening a 1 TiB segment costs what a 1 GiB one does.
   uint64_t size = 0;
   pid_t owner_pid = 0;
-  LARDER_ASSIGN_OR_RETURN(Fd fd, RequestSegmentFd(descriptor, context_.auth_token,
-                                                  Clock::now() + kOpenTimeout, &size, &owner_pid));
+  LARDER_ASSIGN_OR_RETURN(Fd fd, RequestSegmentFd(descriptor, context_, Clock::now() + kOpenTimeout,
+                                                  &size, &owner_pid));
   struct stat st {};
   if (fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < descriptor.size ||
       size < descriptor.size) {
@@ -317,11 +317,13 @@ void ShmTransport::OwnerExited(const std::string& engine_id) {
   size_t dropped = 0;
   for (const auto& weak : segments) {
     if (auto segment = weak.lock()) {
+      // Counted before the mapping can go, so that whoever sees mapped_segments fall also sees
+      // mappings_dropped rise.
+      totals_->dropped.fetch_add(1);
       segment->Drop();
       ++dropped;
     }
   }
-  totals_->dropped.fetch_add(dropped);
   Log().info("engine {} (pid {}) exited: dropped {} mapping(s) of its segments", engine_id, pid,
              dropped);
 }

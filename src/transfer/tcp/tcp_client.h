@@ -1,7 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// Client side of the tcp data protocol: connecting with the token challenge, asking a peer for its
-// segment descriptors, and the per-peer connection pool that moves slices.
+// Client side of the tcp data protocol: connecting (TLS and the mutual token proof, tcp_frame.h),
+// asking a peer for its segment descriptors, and the per-peer connection pool that moves slices.
 #pragma once
 
 #include <condition_variable>
@@ -14,18 +14,40 @@
 #include <vector>
 
 #include "common/net.h"
+#include "transfer/tcp/tcp_stream.h"
 #include "transfer/transport.h"
 
 namespace larder::transfer::tcp {
 
-// Connects to a data server and completes the hello/auth exchange.
-// Unavailable when unreachable; PermissionDenied when the token is missing or wrong.
-Result<Fd> ConnectAndAuthenticate(const HostPort& address, const std::string& token,
-                                  Deadline deadline);
+// What an engine proves and checks when it dials a data server. Immutable; one is shared by all
+// of a transport's connections.
+struct TcpClientConfig {
+  std::string engine_id;                  // named in this client's proofs
+  std::string token;                      // the cluster token; empty: none
+  std::shared_ptr<const TlsContext> tls;  // the CA to verify servers with; null: plain tcp only
 
-// The descriptors of every segment exported by the engine at `address`.
+  // From an engine's context (engine_id, auth_token, tls_ca_file). InvalidArgument naming the file
+  // when the CA does not load.
+  static Result<std::shared_ptr<const TcpClientConfig>> FromContext(const EngineContext& context);
+};
+
+// Connects to a data server and completes the exchange of tcp_frame.h: TLS when the server offers
+// it, then the mutual token proof when the server asks for one. The returned stream is ready for
+// data frames: the server proved the token (when `config` has one) on this very connection.
+// Unavailable when unreachable; PermissionDenied when either side lacks the other's requirement
+// (a token, TLS), when the server refuses our proof, when the server fails to prove the token,
+// or when its certificate does not verify; DataLoss for a malformed hello or reply.
+Result<TcpStream> ConnectAndAuthenticate(const HostPort& address, const TcpClientConfig& config,
+                                         Deadline deadline);
+
+// The descriptors of every segment exported by the engine at `address`. Errors as for
+// ConnectAndAuthenticate, plus DataLoss for a malformed reply.
 Result<std::vector<SegmentDescriptor>> FetchDescriptors(const HostPort& address,
-                                                        const std::string& token,
+                                                        const TcpClientConfig& config,
+                                                        Deadline deadline);
+// The same with the configuration of an engine's context (TcpClientConfig::FromContext).
+Result<std::vector<SegmentDescriptor>> FetchDescriptors(const HostPort& address,
+                                                        const EngineContext& context,
                                                         Deadline deadline);
 
 // A pool of connections to one peer, each served by one thread that pipelines slices: it sends up
@@ -34,7 +56,8 @@ Result<std::vector<SegmentDescriptor>> FetchDescriptors(const HostPort& address,
 // with Unavailable instead of hammering it. Thread-safe.
 class TcpPeer {
  public:
-  TcpPeer(HostPort address, std::string token, size_t connections);
+  // REQUIRES: config is not null.
+  TcpPeer(HostPort address, std::shared_ptr<const TcpClientConfig> config, size_t connections);
   ~TcpPeer();
 
   const std::string& name() const { return name_; }
@@ -52,13 +75,13 @@ class TcpPeer {
 
   void Worker();
   // Moves `jobs` over `conn`, reconnecting first if needed; reports every job.
-  void RunJobs(Fd* conn, std::vector<Job>& jobs);
+  void RunJobs(TcpStream* conn, std::vector<Job>& jobs);
   Status CheckBackoff();
   void RecordFailure(const Status& status);
   void RecordSuccess();
 
   const HostPort address_;
-  const std::string token_;
+  const std::shared_ptr<const TcpClientConfig> config_;
   const std::string name_;
   const size_t connections_;
 

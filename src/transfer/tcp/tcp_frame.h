@@ -2,15 +2,29 @@
 //
 // Frames of the tcp data protocol. Every frame starts with a fixed 40-byte header:
 //
-//   u32 magic "LRD1" | u8 type | u8 code | u16 flags | u64 request_id | u64 segment_id |
+//   u32 magic "LRD2" | u8 type | u8 code | u16 flags | u64 request_id | u64 segment_id |
 //   u64 offset | u64 length
 //
-// followed by `length` payload bytes for kWrite, kReadReply (OK), kError (message), kHello
-// (nonce), kAuth (mac) and kDescribeReply (JSON). Fields are in host byte order (every supported
-// platform is little-endian). The server checks every field and answers a bad frame with kError;
-// after the error it closes the connection when it cannot find the next frame boundary (bad magic,
-// unknown type, a write payload larger than kMaxFramePayload, a frame type clients never send) or
-// when authentication failed or was skipped.
+// followed by `length` payload bytes for kWrite, kReadReply (OK), kError (message), kHello, kAuth,
+// kAuthOk and kDescribeReply (JSON). Fields are in host byte order (every supported platform is
+// little-endian). The server checks every field and answers a bad frame with kError; after the
+// error it closes the connection when it cannot find the next frame boundary (bad magic, unknown
+// type, a write payload larger than kMaxFramePayload, a frame type clients never send) or when
+// authentication failed or was skipped.
+//
+// Connection set-up (payload layouts and MACs in tcp_auth.h):
+//   1. server -> client, in the clear: kHello. flags: kFlagTls when the server has a certificate,
+//      kFlagNeedAuth when it has a cluster token; with kFlagNeedAuth the payload is the server
+//      nonce Ns (32 random bytes) and the server's engine id, else empty.
+//   2. kFlagTls: both sides run a TLS 1.3 handshake on the socket; every later byte is TLS. A
+//      client with a CA refuses a hello without kFlagTls; a client without one refuses kFlagTls.
+//   3. kFlagNeedAuth: client -> server kAuth: client nonce Nc, client engine id, the "ip:port" it
+//      dialed, mac_c = HMAC(token, "larder-tcp-client-v1", Ns, Nc, server id, dialed, client id
+//      [, TLS exporter]). The server recomputes mac_c with its own engine id and accepts only a
+//      dialed endpoint that is its advertised endpoint or the local address of the connection.
+//      server -> client kAuthOk: mac_s over the same fields labelled "larder-tcp-server-v1"; the
+//      client checks it before sending any data frame. A client with a token refuses a hello
+//      without kFlagNeedAuth (the server would not prove the token).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +35,7 @@
 
 namespace larder::transfer::tcp {
 
-inline constexpr uint32_t kFrameMagic = 0x3144524c;  // "LRD1"
+inline constexpr uint32_t kFrameMagic = 0x3244524c;  // "LRD2"
 inline constexpr size_t kFrameHeaderSize = 40;
 // Largest data payload of one frame (the engine's slices are smaller).
 inline constexpr uint64_t kMaxFramePayload = 64ULL << 20;
@@ -29,9 +43,9 @@ inline constexpr uint64_t kMaxFramePayload = 64ULL << 20;
 inline constexpr uint64_t kMaxControlPayload = 16ULL << 20;
 
 enum class FrameType : uint8_t {
-  kHello = 1,          // server -> client on connect; flags & kNeedAuth: payload is a 32 B nonce
-  kAuth = 2,           // client -> server: payload HMAC(token, nonce)
-  kAuthOk = 3,         // server -> client
+  kHello = 1,          // server -> client on connect; flags kFlagTls, kFlagNeedAuth (+ payload)
+  kAuth = 2,           // client -> server: client nonce, engine id, dialed endpoint, mac_c
+  kAuthOk = 3,         // server -> client: mac_s
   kRead = 4,           // client -> server: read [offset, offset+length) of segment_id
   kReadReply = 5,      // server -> client: payload = the bytes
   kWrite = 6,          // client -> server: payload = the bytes for [offset, offset+length)
@@ -41,7 +55,9 @@ enum class FrameType : uint8_t {
   kError = 10,         // server -> client: code + message payload
 };
 
-inline constexpr uint16_t kFlagNeedAuth = 1;
+// kHello flags.
+inline constexpr uint16_t kFlagNeedAuth = 1;  // the server has a token: both sides prove it
+inline constexpr uint16_t kFlagTls = 2;       // the server requires TLS from the next byte on
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -86,7 +102,7 @@ inline Status DecodeHeader(const uint8_t* in, FrameHeader* h) {
 
 // The Status carried by a kError frame.
 inline Status ErrorFrameStatus(uint8_t code, std::string message) {
-  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kDataLoss))
+  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kUnauthenticated))
     code = static_cast<uint8_t>(StatusCode::kInternal);
   return Status(static_cast<StatusCode>(code), std::move(message));
 }

@@ -19,6 +19,8 @@
 
 #include "common/net.h"
 #include "larder/transfer_engine.h"
+#include "transfer/tcp/tcp_auth.h"
+#include "transfer/tcp/tcp_stream.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder::transfer::tcp {
@@ -38,8 +40,8 @@ TEST(TcpFrameTest, EncodeDecodeRoundTrip) {
   in.length = 0x3132333435363738ULL;
   uint8_t raw[kFrameHeaderSize];
   EncodeHeader(in, raw);
-  // The wire format is fixed: "LRD1", then the fields in order, little-endian.
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(raw), 4), "LRD1");
+  // The wire format is fixed: "LRD2", then the fields in order, little-endian.
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(raw), 4), "LRD2");
   EXPECT_EQ(raw[4], static_cast<uint8_t>(FrameType::kWrite));
   EXPECT_EQ(raw[5], 9);
   EXPECT_EQ(raw[6], 0xef);
@@ -101,9 +103,11 @@ TEST(TcpFrameTest, ErrorFrameStatusKeepsKnownCodesOnly) {
   EXPECT_EQ(ErrorFrameStatus(static_cast<uint8_t>(StatusCode::kNotFound), "m"), NotFoundError("m"));
   EXPECT_EQ(ErrorFrameStatus(static_cast<uint8_t>(StatusCode::kDataLoss), "m").code(),
             StatusCode::kDataLoss);
+  EXPECT_EQ(ErrorFrameStatus(static_cast<uint8_t>(StatusCode::kUnauthenticated), "m").code(),
+            StatusCode::kUnauthenticated);
   // An error frame can never mean OK, and unknown codes do not become out-of-range enums.
   EXPECT_EQ(ErrorFrameStatus(0, "m").code(), StatusCode::kInternal);
-  EXPECT_EQ(ErrorFrameStatus(16, "m").code(), StatusCode::kInternal);
+  EXPECT_EQ(ErrorFrameStatus(17, "m").code(), StatusCode::kInternal);
   EXPECT_EQ(ErrorFrameStatus(255, "m").code(), StatusCode::kInternal);
 }
 
@@ -402,10 +406,46 @@ TEST_F(DataServerTest, DataFrameBeforeAuthIsPermissionDenied) {
   RawConnection conn(engine_->address());
   ASSERT_TRUE(conn.connected());
   EXPECT_NE(conn.hello().header.flags & kFlagNeedAuth, 0);
-  ASSERT_EQ(conn.hello().payload.size(), 32u);  // the nonce
+  EXPECT_EQ(conn.hello().header.flags & kFlagTls, 0);
+  AuthNonce nonce;
+  std::string server_id;
+  ASSERT_TRUE(DecodeHello(conn.hello().payload, &nonce, &server_id).ok());
+  EXPECT_EQ(server_id, engine_->id());
   ASSERT_TRUE(conn.Send(ReadFrame(21, segment_id_, 0, 64)).ok());
   EXPECT_TRUE(IsError(conn.Read(), StatusCode::kPermissionDenied, 21));
   EXPECT_TRUE(conn.ClosedByServer());
+}
+
+// The proof a client holding `token` would send on `conn`, naming `dialed` as the endpoint it
+// dialed (by default the address `conn` really reached).
+struct ClientProof {
+  TcpAuthBinding binding;
+  AuthRequest request;
+};
+
+ClientProof MakeProof(const RawConnection& conn, const std::string& token,
+                      std::string dialed = "") {
+  ClientProof proof;
+  EXPECT_TRUE(DecodeHello(conn.hello().payload, &proof.binding.server_nonce,
+                          &proof.binding.server_engine_id)
+                  .ok());
+  if (dialed.empty()) dialed = SocketEndpoint(conn.fd(), /*local=*/false).value_or("?");
+  RandomBytes(proof.binding.client_nonce.data(), proof.binding.client_nonce.size());
+  proof.binding.dialed_endpoint = dialed;
+  proof.binding.client_engine_id = "test-client/1/0";
+  proof.request.client_nonce = proof.binding.client_nonce;
+  proof.request.client_engine_id = proof.binding.client_engine_id;
+  proof.request.dialed_endpoint = dialed;
+  proof.request.mac = TcpClientMac(token, proof.binding);
+  return proof;
+}
+
+Status SendAuth(RawConnection& conn, uint64_t request_id, const std::string& payload) {
+  FrameHeader auth;
+  auth.type = FrameType::kAuth;
+  auth.request_id = request_id;
+  auth.length = payload.size();
+  return conn.Send(auth, payload.data(), payload.size());
 }
 
 TEST_F(DataServerTest, WrongMacIsPermissionDeniedAndTheRightOneOpensTheConnection) {
@@ -414,27 +454,200 @@ TEST_F(DataServerTest, WrongMacIsPermissionDeniedAndTheRightOneOpensTheConnectio
   {
     RawConnection conn(engine_->address());
     ASSERT_TRUE(conn.connected());
-    auto mac = HmacSha256("wrong", conn.hello().payload.data(), conn.hello().payload.size());
-    FrameHeader auth;
-    auth.type = FrameType::kAuth;
-    auth.request_id = 1;
-    auth.length = mac.size();
-    ASSERT_TRUE(conn.Send(auth, mac.data(), mac.size()).ok());
+    ASSERT_TRUE(SendAuth(conn, 1, EncodeAuth(MakeProof(conn, "wrong").request)).ok());
     EXPECT_TRUE(IsError(conn.Read(), StatusCode::kPermissionDenied, 1));
     EXPECT_TRUE(conn.ClosedByServer());
   }
   RawConnection conn(engine_->address());
   ASSERT_TRUE(conn.connected());
-  auto mac = HmacSha256("secret", conn.hello().payload.data(), conn.hello().payload.size());
-  FrameHeader auth;
-  auth.type = FrameType::kAuth;
-  auth.request_id = 2;
-  auth.length = mac.size();
-  ASSERT_TRUE(conn.Send(auth, mac.data(), mac.size()).ok());
+  ClientProof proof = MakeProof(conn, "secret");
+  ASSERT_TRUE(SendAuth(conn, 2, EncodeAuth(proof.request)).ok());
   auto ok = conn.Read();
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->header.type, FrameType::kAuthOk);
+  ASSERT_EQ(ok->header.type, FrameType::kAuthOk) << ErrorFrameStatus(ok->header.code, ok->payload);
+  EXPECT_EQ(ok->header.request_id, 2u);
+  // The server proves the token back, over the same binding.
+  AuthMac server_mac;
+  ASSERT_TRUE(DecodeAuthOk(ok->payload, &server_mac).ok());
+  EXPECT_EQ(server_mac, TcpServerMac("secret", proof.binding));
+  EXPECT_NE(server_mac, TcpServerMac("wrong", proof.binding));
   ExpectValidReadWorks(conn, 3);
+}
+
+TEST_F(DataServerTest, ProofForAnotherEngineOrEndpointIsPermissionDenied) {
+  engine_.reset();
+  StartEngine("secret");
+  {
+    // A proof naming another endpoint is what a relay forwards: the client dialed the relay.
+    RawConnection conn(engine_->address());
+    ASSERT_TRUE(conn.connected());
+    ASSERT_TRUE(
+        SendAuth(conn, 1, EncodeAuth(MakeProof(conn, "secret", "10.9.8.7:1234").request)).ok());
+    auto reply = conn.Read();
+    EXPECT_TRUE(IsError(reply, StatusCode::kPermissionDenied, 1));
+    if (reply.ok()) {
+      EXPECT_NE(reply->payload.find("10.9.8.7:1234"), std::string::npos);
+    }
+    EXPECT_TRUE(conn.ClosedByServer());
+  }
+  {
+    // A proof made for another server engine id (the server checks with its own).
+    RawConnection conn(engine_->address());
+    ASSERT_TRUE(conn.connected());
+    ClientProof proof = MakeProof(conn, "secret");
+    proof.binding.server_engine_id = "some-other-engine";
+    proof.request.mac = TcpClientMac("secret", proof.binding);
+    ASSERT_TRUE(SendAuth(conn, 2, EncodeAuth(proof.request)).ok());
+    EXPECT_TRUE(IsError(conn.Read(), StatusCode::kPermissionDenied, 2));
+    EXPECT_TRUE(conn.ClosedByServer());
+  }
+  {
+    // A proof taken from another connection (its nonce) does not open this one.
+    RawConnection first(engine_->address());
+    RawConnection second(engine_->address());
+    ASSERT_TRUE(first.connected() && second.connected());
+    ASSERT_TRUE(SendAuth(second, 3, EncodeAuth(MakeProof(first, "secret").request)).ok());
+    EXPECT_TRUE(IsError(second.Read(), StatusCode::kPermissionDenied, 3));
+  }
+  // Dialing the advertised endpoint works (the server's local address is the same here).
+  RawConnection conn(engine_->address());
+  ASSERT_TRUE(conn.connected());
+  ASSERT_TRUE(
+      SendAuth(conn, 4, EncodeAuth(MakeProof(conn, "secret", engine_->address()).request)).ok());
+  auto ok = conn.Read();
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->header.type, FrameType::kAuthOk) << ErrorFrameStatus(ok->header.code, ok->payload);
+  ExpectValidReadWorks(conn, 5);
+}
+
+TEST_F(DataServerTest, MalformedAuthIsInvalidArgumentAndCloses) {
+  engine_.reset();
+  StartEngine("secret");
+  auto expect_refused = [&](const std::string& payload, const std::string& what) {
+    SCOPED_TRACE(what);
+    RawConnection conn(engine_->address());
+    ASSERT_TRUE(conn.connected());
+    ASSERT_TRUE(SendAuth(conn, 7, payload).ok());
+    auto reply = conn.Read();
+    EXPECT_TRUE(IsError(reply, StatusCode::kInvalidArgument, 7));
+    if (reply.ok()) {
+      EXPECT_NE(reply->payload.find(what), std::string::npos) << reply->payload;
+    }
+    EXPECT_TRUE(conn.ClosedByServer());
+  };
+  RawConnection probe(engine_->address());
+  ASSERT_TRUE(probe.connected());
+  AuthRequest good = MakeProof(probe, "secret").request;
+  std::string encoded = EncodeAuth(good);
+  expect_refused("", "client nonce is missing");
+  expect_refused(encoded.substr(0, encoded.size() - 1), "mac runs past the payload");
+  expect_refused(encoded + "x", "trailing bytes");
+  AuthRequest long_id = good;
+  long_id.client_engine_id.assign(kMaxEngineIdBytes + 1, 'e');
+  expect_refused(EncodeAuth(long_id), "client engine id has 257 bytes");
+  AuthRequest no_endpoint = good;
+  no_endpoint.dialed_endpoint.clear();
+  expect_refused(EncodeAuth(no_endpoint), "dialed endpoint has 0 bytes");
+  // An oversized payload is refused before the server reads it.
+  {
+    RawConnection conn(engine_->address());
+    ASSERT_TRUE(conn.connected());
+    FrameHeader auth;
+    auth.type = FrameType::kAuth;
+    auth.request_id = 8;
+    auth.length = kMaxAuthPayload + 1;
+    ASSERT_TRUE(conn.Send(auth).ok());
+    EXPECT_TRUE(IsError(conn.Read(), StatusCode::kInvalidArgument, 8));
+    EXPECT_TRUE(conn.ClosedByServer());
+  }
+}
+
+TEST_F(DataServerTest, AuthIsRefusedWhenNotExpected) {
+  {
+    // This server has no token: there is nothing to prove.
+    RawConnection conn(engine_->address());
+    ASSERT_TRUE(conn.connected());
+    ASSERT_TRUE(SendAuth(conn, 1, "").ok());
+    EXPECT_TRUE(IsError(conn.Read(), StatusCode::kInvalidArgument, 1));
+    EXPECT_TRUE(conn.ClosedByServer());
+  }
+  engine_.reset();
+  StartEngine("secret");
+  RawConnection conn(engine_->address());
+  ASSERT_TRUE(conn.connected());
+  ASSERT_TRUE(SendAuth(conn, 2, EncodeAuth(MakeProof(conn, "secret").request)).ok());
+  auto ok = conn.Read();
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->header.type, FrameType::kAuthOk);
+  // A second proof on an authenticated connection is refused.
+  ASSERT_TRUE(SendAuth(conn, 3, EncodeAuth(MakeProof(conn, "secret").request)).ok());
+  EXPECT_TRUE(IsError(conn.Read(), StatusCode::kInvalidArgument, 3));
+  EXPECT_TRUE(conn.ClosedByServer());
+}
+
+TEST(TcpAuthTest, EveryBoundFieldChangesTheMacs) {
+  TcpAuthBinding base;
+  base.server_nonce.fill(1);
+  base.client_nonce.fill(2);
+  base.server_engine_id = "server";
+  base.dialed_endpoint = "10.0.0.1:7000";
+  base.client_engine_id = "client";
+  std::vector<TcpAuthBinding> variants(7, base);
+  variants[0].server_nonce[31] ^= 1;
+  variants[1].client_nonce[0] ^= 1;
+  variants[2].server_engine_id = "server2";
+  variants[3].dialed_endpoint = "10.0.0.1:7001";
+  variants[4].client_engine_id = "client2";
+  variants[5].channel_binding = std::string(32, 'x');
+  // Length prefixes: moving a byte from one field to the next changes the input.
+  variants[6].server_engine_id = "serve";
+  variants[6].dialed_endpoint = "r10.0.0.1:7000";
+  for (const auto& v : variants) {
+    EXPECT_NE(TcpClientMac("t", v), TcpClientMac("t", base));
+    EXPECT_NE(TcpServerMac("t", v), TcpServerMac("t", base));
+  }
+  // The two directions never accept each other's proof, and the token matters.
+  EXPECT_NE(TcpClientMac("t", base), TcpServerMac("t", base));
+  EXPECT_NE(TcpClientMac("t", base), TcpClientMac("u", base));
+}
+
+TEST(TcpAuthTest, PayloadsRoundTripAndBoundTheirFields) {
+  AuthNonce nonce;
+  nonce.fill(7);
+  AuthNonce decoded_nonce;
+  std::string id;
+  ASSERT_TRUE(DecodeHello(EncodeHello(nonce, "engine-1"), &decoded_nonce, &id).ok());
+  EXPECT_EQ(decoded_nonce, nonce);
+  EXPECT_EQ(id, "engine-1");
+  EXPECT_EQ(DecodeHello(EncodeHello(nonce, ""), &decoded_nonce, &id).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DecodeHello(EncodeHello(nonce, std::string(kMaxEngineIdBytes + 1, 'x')), &decoded_nonce, &id)
+          .code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      DecodeHello(EncodeHello(nonce, std::string(kMaxEngineIdBytes, 'x')), &decoded_nonce, &id)
+          .ok());
+
+  AuthRequest request;
+  request.client_nonce.fill(3);
+  request.client_engine_id = "client";
+  request.dialed_endpoint = "127.0.0.1:9";
+  request.mac.fill(9);
+  AuthRequest decoded;
+  ASSERT_TRUE(DecodeAuth(EncodeAuth(request), &decoded).ok());
+  EXPECT_EQ(decoded.client_nonce, request.client_nonce);
+  EXPECT_EQ(decoded.client_engine_id, request.client_engine_id);
+  EXPECT_EQ(decoded.dialed_endpoint, request.dialed_endpoint);
+  EXPECT_EQ(decoded.mac, request.mac);
+  request.dialed_endpoint.assign(kMaxEndpointBytes + 1, '1');
+  EXPECT_EQ(DecodeAuth(EncodeAuth(request), &decoded).code(), StatusCode::kInvalidArgument);
+
+  AuthMac mac, decoded_mac;
+  mac.fill(5);
+  ASSERT_TRUE(DecodeAuthOk(EncodeAuthOk(mac), &decoded_mac).ok());
+  EXPECT_EQ(decoded_mac, mac);
+  EXPECT_EQ(DecodeAuthOk("", &decoded_mac).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(DataServerTest, RandomFramesNeitherCrashNorCorruptTheServer) {

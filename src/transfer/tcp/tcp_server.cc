@@ -28,10 +28,33 @@ TcpDataServer::TcpDataServer(const EngineContext& context) : context_(context) {
 TcpDataServer::~TcpDataServer() { Stop(); }
 
 Status TcpDataServer::Start(const HostPort& listen) {
+  if (!context_.tls_cert_file.empty() || !context_.tls_key_file.empty()) {
+    LARDER_ASSIGN_OR_RETURN(tls_,
+                            TlsContext::ForServer(context_.tls_cert_file, context_.tls_key_file));
+  }
+  // Only clients use the CA; it is loaded here too so that a bad file stops the engine at start
+  // even when no tcp route is enabled (ListPeerSegments still dials peers).
+  if (!context_.tls_ca_file.empty()) {
+    LARDER_RETURN_IF_ERROR(TlsContext::ForClient(context_.tls_ca_file).status());
+  }
+  if (!context_.auth_token.empty() && context_.engine_id.size() > kMaxEngineIdBytes) {
+    return InvalidArgumentError("engine id '" + context_.engine_id + "' is longer than " +
+                                std::to_string(kMaxEngineIdBytes) + " bytes (shorten host_id)");
+  }
   LARDER_ASSIGN_OR_RETURN(listener_, TcpListen(listen));
   LARDER_ASSIGN_OR_RETURN(port_, BoundPort(listener_.get()));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   return Status();
+}
+
+void TcpDataServer::set_advertised_endpoint(std::string endpoint) {
+  std::lock_guard lock(endpoint_mu_);
+  advertised_endpoint_ = std::move(endpoint);
+}
+
+std::string TcpDataServer::advertised_endpoint() const {
+  std::lock_guard lock(endpoint_mu_);
+  return advertised_endpoint_;
 }
 
 void TcpDataServer::Stop() {
@@ -43,7 +66,7 @@ void TcpDataServer::Stop() {
     std::lock_guard lock(mu_);
     connections.swap(connections_);
   }
-  for (auto& c : connections) shutdown(c->fd.get(), SHUT_RDWR);
+  for (auto& c : connections) shutdown(c->stream.fd(), SHUT_RDWR);
   for (auto& c : connections) c->thread.join();
   listener_.Reset();
 }
@@ -76,10 +99,9 @@ void TcpDataServer::AcceptLoop() {
     if (fd < 0) continue;
     TuneTcpSocket(fd);
     auto conn = std::make_unique<Connection>();
-    conn->fd = Fd(fd);
     char ip[INET_ADDRSTRLEN] = {};
     inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
-    conn->peer = std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port));
+    conn->stream = TcpStream(Fd(fd), std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port)));
     Connection* raw = conn.get();
     std::lock_guard lock(mu_);
     if (stopping_.load()) break;
@@ -101,80 +123,132 @@ Status TcpDataServer::SendError(Connection* conn, uint64_t request_id, const Sta
   uint8_t header[kFrameHeaderSize];
   EncodeHeader(h, header);
   iovec iov[2] = {{header, sizeof(header)}, {message.data(), message.size()}};
-  return SendAllV(conn->fd.get(), iov, 2, FrameDeadline(), conn->peer);
+  return conn->stream.SendAllV(iov, 2, FrameDeadline());
 }
 
 void TcpDataServer::Serve(Connection* conn) {
-  bool authenticated = context_.auth_token.empty();
-  uint8_t nonce[32] = {};
+  TcpStream& stream = conn->stream;
+  AuthState auth;
+  auth.authenticated = context_.auth_token.empty();
   {
+    // The hello travels in the clear, before any TLS: it says whether TLS follows. Tampering with
+    // it gains nothing: a client decides from its own configuration whether it needs TLS and a
+    // token, and the nonce and engine id are covered by both MACs.
     FrameHeader hello;
     hello.type = FrameType::kHello;
-    if (!authenticated) {
-      hello.flags = kFlagNeedAuth;
-      hello.length = sizeof(nonce);
-      RandomBytes(nonce, sizeof(nonce));
+    std::string payload;
+    if (tls_) hello.flags |= kFlagTls;
+    if (!auth.authenticated) {
+      hello.flags |= kFlagNeedAuth;
+      RandomBytes(auth.server_nonce.data(), auth.server_nonce.size());
+      payload = EncodeHello(auth.server_nonce, context_.engine_id);
     }
+    hello.length = payload.size();
     uint8_t header[kFrameHeaderSize];
     EncodeHeader(hello, header);
-    iovec iov[2] = {{header, sizeof(header)}, {nonce, authenticated ? 0 : sizeof(nonce)}};
-    if (!SendAllV(conn->fd.get(), iov, 2, FrameDeadline(), conn->peer).ok()) return;
+    iovec iov[2] = {{header, sizeof(header)}, {payload.data(), payload.size()}};
+    if (!stream.SendAllV(iov, 2, FrameDeadline()).ok()) return;
+  }
+  if (tls_) {
+    if (Status s = stream.StartTls(*tls_, FrameDeadline()); !s.ok()) {
+      Log().warn("tcp data server: TLS with {} failed: {}", stream.peer(), s.ToString());
+      return;
+    }
   }
   uint8_t raw[kFrameHeaderSize];
   while (!stopping_.load()) {
-    pollfd p{conn->fd.get(), POLLIN, 0};
-    int rc = poll(&p, 1, 500);
-    if (rc == 0) continue;
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0) return;
-    if (!RecvAll(conn->fd.get(), raw, sizeof(raw), FrameDeadline(), conn->peer).ok()) return;
-    if (!HandleFrame(conn, raw, &authenticated, nonce)) return;
+    // Bytes that TLS already decrypted are invisible to poll.
+    if (!stream.HasBufferedInput()) {
+      pollfd p{stream.fd(), POLLIN, 0};
+      int rc = poll(&p, 1, 500);
+      if (rc == 0) continue;
+      if (rc < 0 && errno == EINTR) continue;
+      if (rc < 0) return;
+    }
+    if (!stream.RecvAll(raw, sizeof(raw), FrameDeadline()).ok()) return;
+    if (!HandleFrame(conn, raw, &auth)) return;
   }
 }
 
-bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, bool* authenticated,
-                                const uint8_t* nonce) {
-  int fd = conn->fd.get();
+bool TcpDataServer::HandleAuth(Connection* conn, const FrameHeader& h, AuthState* auth) {
+  TcpStream& stream = conn->stream;
+  auto refuse = [&](const Status& status) {
+    SendError(conn, h.request_id, status).IgnoreError();
+    return false;
+  };
+  if (auth->authenticated) {
+    return refuse(InvalidArgumentError(context_.auth_token.empty()
+                                           ? "unexpected auth frame: this engine has no token"
+                                           : "unexpected auth frame: already authenticated"));
+  }
+  if (h.length > kMaxAuthPayload) {
+    return refuse(InvalidArgumentError("auth payload of " + std::to_string(h.length) +
+                                       " bytes exceeds " + std::to_string(kMaxAuthPayload)));
+  }
+  std::string payload(h.length, '\0');
+  if (!stream.RecvAll(payload.data(), payload.size(), FrameDeadline()).ok()) return false;
+  AuthRequest request;
+  if (Status s = DecodeAuth(payload, &request); !s.ok()) return refuse(s);
+
+  TcpAuthBinding binding;
+  binding.server_nonce = auth->server_nonce;
+  binding.client_nonce = request.client_nonce;
+  binding.server_engine_id = context_.engine_id;
+  binding.dialed_endpoint = request.dialed_endpoint;
+  binding.client_engine_id = request.client_engine_id;
+  if (stream.tls()) {
+    auto channel = stream.ChannelBinding();
+    if (!channel.ok()) return refuse(channel.status());
+    binding.channel_binding.assign(channel->begin(), channel->end());
+  }
+  auto expected = TcpClientMac(context_.auth_token, binding);
+  if (!DigestEqual(expected.data(), request.mac.data())) {
+    Log().warn("tcp data server: wrong cluster token from {} (claims engine {})", stream.peer(),
+               request.client_engine_id);
+    return refuse(PermissionDeniedError("wrong cluster token for engine " + context_.engine_id));
+  }
+  // The client holds the token; it must also have dialed this engine. A relay that forwards our
+  // nonce to a client and the client's proof to us is caught here: the client dialed the relay.
+  std::string advertised = advertised_endpoint();
+  auto local = SocketEndpoint(stream.fd(), /*local=*/true);
+  if (request.dialed_endpoint != advertised && !(local.ok() && request.dialed_endpoint == *local)) {
+    Log().warn(
+        "tcp data server: engine {} at {} authenticated for {}, which is not this engine "
+        "({}, local {}): a relay?",
+        request.client_engine_id, stream.peer(), request.dialed_endpoint, advertised,
+        local.ok() ? *local : local.status().ToString());
+    return refuse(PermissionDeniedError("the client dialed " + request.dialed_endpoint +
+                                        ", which is not engine " + context_.engine_id + " (" +
+                                        advertised + "): refusing a relayed proof"));
+  }
+  auth->authenticated = true;
+  std::string reply_payload = EncodeAuthOk(TcpServerMac(context_.auth_token, binding));
+  FrameHeader ok;
+  ok.type = FrameType::kAuthOk;
+  ok.request_id = h.request_id;
+  ok.length = reply_payload.size();
+  uint8_t out[kFrameHeaderSize];
+  EncodeHeader(ok, out);
+  iovec iov[2] = {{out, sizeof(out)}, {reply_payload.data(), reply_payload.size()}};
+  return stream.SendAllV(iov, 2, FrameDeadline()).ok();
+}
+
+bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, AuthState* auth) {
+  TcpStream& stream = conn->stream;
   FrameHeader h;
   if (Status s = DecodeHeader(raw, &h); !s.ok()) {
     // Without a valid header the next frame boundary is unknown: report, then close.
-    SendError(conn, 0, s.WithContext("malformed frame from " + conn->peer)).IgnoreError();
+    SendError(conn, 0, s.WithContext("malformed frame from " + stream.peer())).IgnoreError();
     return false;
   }
-  if (!*authenticated && h.type != FrameType::kAuth) {
+  if (h.type == FrameType::kAuth) return HandleAuth(conn, h, auth);
+  if (!auth->authenticated) {
     SendError(conn, h.request_id,
               PermissionDeniedError("authenticate before sending data frames (cluster token)"))
         .IgnoreError();
     return false;
   }
   switch (h.type) {
-    case FrameType::kAuth: {
-      uint8_t mac[32];
-      if (h.length != sizeof(mac) ||
-          !RecvAll(fd, mac, sizeof(mac), FrameDeadline(), conn->peer).ok()) {
-        SendError(conn, h.request_id, InvalidArgumentError("malformed auth frame")).IgnoreError();
-        return false;
-      }
-      if (context_.auth_token.empty()) {
-        *authenticated = true;
-      } else {
-        auto expected = HmacSha256(context_.auth_token, nonce, 32);
-        if (!DigestEqual(expected.data(), mac)) {
-          Log().warn("tcp data server: wrong cluster token from {}", conn->peer);
-          SendError(conn, h.request_id,
-                    PermissionDeniedError("wrong cluster token for engine " + context_.engine_id))
-              .IgnoreError();
-          return false;
-        }
-        *authenticated = true;
-      }
-      FrameHeader ok;
-      ok.type = FrameType::kAuthOk;
-      ok.request_id = h.request_id;
-      uint8_t out[kFrameHeaderSize];
-      EncodeHeader(ok, out);
-      return SendAll(fd, out, sizeof(out), FrameDeadline(), conn->peer).ok();
-    }
     case FrameType::kDescribe: {
       if (h.length != 0) {
         SendError(conn, h.request_id, InvalidArgumentError("describe frame carries no payload"))
@@ -192,7 +266,7 @@ bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, bool* auth
       uint8_t out[kFrameHeaderSize];
       EncodeHeader(reply, out);
       iovec iov[2] = {{out, sizeof(out)}, {body.data(), body.size()}};
-      return SendAllV(fd, iov, 2, FrameDeadline(), conn->peer).ok();
+      return stream.SendAllV(iov, 2, FrameDeadline()).ok();
     }
     case FrameType::kRead: {
       if (h.length > kMaxFramePayload) {
@@ -210,7 +284,7 @@ bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, bool* auth
         uint8_t out[kFrameHeaderSize];
         EncodeHeader(reply, out);
         iovec iov[2] = {{out, sizeof(out)}, {src, h.length}};
-        send_status = SendAllV(fd, iov, 2, FrameDeadline(), conn->peer);
+        send_status = stream.SendAllV(iov, 2, FrameDeadline());
       });
       if (!access.ok()) return SendError(conn, h.request_id, access).ok();
       return send_status.ok();
@@ -225,14 +299,14 @@ bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, bool* auth
       }
       Status recv_status;
       Status access = context_.exports->Access(h.segment_id, h.offset, h.length, [&](uint8_t* dst) {
-        recv_status = RecvAll(fd, dst, h.length, FrameDeadline(), conn->peer);
+        recv_status = stream.RecvAll(dst, h.length, FrameDeadline());
       });
       if (!access.ok()) {
         // Skip the payload so the connection stays usable, then report.
         std::vector<uint8_t> sink(std::min<uint64_t>(h.length, 1 << 20));
         for (uint64_t left = h.length; left > 0;) {
           uint64_t n = std::min<uint64_t>(left, sink.size());
-          if (!RecvAll(fd, sink.data(), n, FrameDeadline(), conn->peer).ok()) return false;
+          if (!stream.RecvAll(sink.data(), n, FrameDeadline()).ok()) return false;
           left -= n;
         }
         return SendError(conn, h.request_id, access).ok();
@@ -243,7 +317,7 @@ bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, bool* auth
       reply.request_id = h.request_id;
       uint8_t out[kFrameHeaderSize];
       EncodeHeader(reply, out);
-      return SendAll(fd, out, sizeof(out), FrameDeadline(), conn->peer).ok();
+      return stream.SendAll(out, sizeof(out), FrameDeadline()).ok();
     }
     default:
       SendError(conn, h.request_id,

@@ -29,8 +29,10 @@ class TcpTransport final : public Transport {
   RouteKind route() const override { return RouteKind::kTcp; }
   TransportCaps caps() const override { return {.allocates_exportable_memory = true}; }
 
+  // InvalidArgument naming the file when the TLS CA does not load.
   Status Start(const EngineContext& context) override {
     context_ = context;
+    LARDER_ASSIGN_OR_RETURN(client_config_, tcp::TcpClientConfig::FromContext(context));
     return Status();
   }
 
@@ -60,7 +62,7 @@ class TcpTransport final : public Transport {
     std::lock_guard lock(mu_);
     auto& peer = peers_[descriptor.tcp_endpoint];
     if (!peer) {
-      peer = std::make_shared<tcp::TcpPeer>(address, context_.auth_token,
+      peer = std::make_shared<tcp::TcpPeer>(address, client_config_,
                                             context_.options->tcp_connections_per_peer);
     }
     return std::make_shared<TcpSegment>(descriptor, peer);
@@ -74,6 +76,7 @@ class TcpTransport final : public Transport {
 
  private:
   EngineContext context_;
+  std::shared_ptr<const tcp::TcpClientConfig> client_config_;  // set by Start
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<tcp::TcpPeer>> peers_;  // guarded by mu_
 };

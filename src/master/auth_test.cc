@@ -1,0 +1,609 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The control plane's authentication and authorization, against a real MasterServer over gRPC:
+// every attack of docs/security.md that a network peer without the token can try, each shown to
+// fail and to leave the victims' metadata as it was; and the edge validation of requests.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "client/master_client.h"
+#include "common/control_auth.h"
+#include "common/proto_mac.h"
+#include "common/test_certs.h"
+#include "master.grpc.pb.h"
+#include "master/master_server.h"
+
+namespace larder::master {
+namespace {
+
+using client::MasterClient;
+using client::MasterClientOptions;
+using Stub = proto::Master::Stub;
+
+constexpr char kToken[] = "cluster-token-0123456789abcdef";
+constexpr char kAdminToken[] = "admin-token-0123456789abcdef";
+
+std::unique_ptr<MasterServer> StartMaster(std::string token, std::string admin = "",
+                                          int http_port = -1) {
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = http_port;
+  options.auth.cluster_token = std::move(token);
+  options.auth.admin_token = std::move(admin);
+  auto server = MasterServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(server).value() : nullptr;
+}
+
+MasterClient Client(const MasterServer& server, std::string client_id, std::string token,
+                    std::string admin = "") {
+  MasterClientOptions options;
+  options.address = server.address();
+  options.timeout = std::chrono::seconds(10);
+  options.client_id = std::move(client_id);
+  options.auth_token = std::move(token);
+  options.admin_token = std::move(admin);
+  return MasterClient(options);
+}
+
+// A raw stub: what an attacker's own gRPC client sends, with no help from MasterClient.
+std::unique_ptr<Stub> RawStub(const MasterServer& server) {
+  return proto::Master::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+}
+
+// Mounts a segment of `size` bytes for `client` and stores `keys` in it (4 KiB each).
+void MountAndPut(const MasterClient& rpc, const std::string& client, const std::string& segment,
+                 const std::vector<std::string>& keys) {
+  proto::MountSegmentsRequest mount;
+  proto::MountSegmentsReply mounted;
+  mount.set_client_id(client);
+  mount.set_host_id("host");
+  proto::SegmentInfo* info = mount.add_segments();
+  info->set_name(segment);
+  info->set_base(0x100000);
+  info->set_size(64 << 20);
+  info->set_descriptor_json("{}");
+  ASSERT_TRUE(rpc.Call("MountSegments", &Stub::MountSegments, mount, &mounted).ok());
+  ASSERT_EQ(mounted.status(0).code(), 0) << mounted.status(0).message();
+  proto::BatchPutStartRequest start;
+  proto::BatchPutStartReply started;
+  start.set_client_id(client);
+  proto::BatchKeysRequest end;
+  proto::BatchStatusReply ended;
+  end.set_client_id(client);
+  for (const std::string& key : keys) {
+    proto::PutItem* item = start.add_items();
+    item->set_key(key);
+    item->set_size(4096);
+    end.add_keys(key);
+  }
+  ASSERT_TRUE(rpc.Call("BatchPutStart", &Stub::BatchPutStart, start, &started).ok());
+  ASSERT_TRUE(rpc.Call("BatchPutEnd", &Stub::BatchPutEnd, end, &ended).ok());
+  ASSERT_EQ(ended.errors_size(), 0);
+}
+
+std::vector<std::string> Keys(const std::string& prefix, int n) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(prefix + std::to_string(i));
+  return keys;
+}
+
+TEST(MasterAuthTest, CallsWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient victim = Client(*server, "victim", kToken);
+  MountAndPut(victim, "victim", "victim-seg", Keys("page/", 83));
+  const MasterStats before = server->state().Stats();
+
+  auto stub = RawStub(*server);
+  auto expect_unauthenticated = [](const grpc::Status& status, const char* what) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << what << ": " << status.error_message();
+  };
+  {
+    grpc::ClientContext context;
+    proto::StatsRequest request;
+    proto::StatsReply reply;
+    expect_unauthenticated(stub->GetStats(&context, request, &reply), "GetStats");
+    EXPECT_EQ(reply.objects(), 0u);
+  }
+  {
+    grpc::ClientContext context;
+    proto::ListSegmentsRequest request;
+    proto::ListSegmentsReply reply;
+    expect_unauthenticated(stub->ListSegments(&context, request, &reply), "ListSegments");
+    EXPECT_EQ(reply.segments_size(), 0);  // no client id, endpoint or socket name leaks
+  }
+  {
+    // Self-registration with a 1 PiB segment pointing at a rogue data server.
+    grpc::ClientContext context;
+    proto::MountSegmentsRequest request;
+    proto::MountSegmentsReply reply;
+    request.set_client_id("rogue");
+    proto::SegmentInfo* info = request.add_segments();
+    info->set_name("rogue-seg");
+    info->set_size(1ULL << 50);
+    info->set_descriptor_json(R"({"tcp_endpoint":"10.9.9.9:1"})");
+    expect_unauthenticated(stub->MountSegments(&context, request, &reply), "MountSegments");
+  }
+  {
+    grpc::ClientContext context;
+    proto::RemoveAllRequest request;
+    proto::RemoveAllReply reply;
+    request.set_client_id("rogue");
+    expect_unauthenticated(stub->RemoveAll(&context, request, &reply), "RemoveAll");
+  }
+  {
+    // Unmounting the victim's segment by naming its client id.
+    grpc::ClientContext context;
+    proto::UnmountSegmentsRequest request;
+    proto::UnmountSegmentsReply reply;
+    request.set_client_id("victim");
+    request.add_segment_id(1);
+    request.set_unregister_client(true);
+    expect_unauthenticated(stub->UnmountSegments(&context, request, &reply), "UnmountSegments");
+  }
+  {
+    grpc::ClientContext context;
+    proto::HeartbeatRequest request;
+    proto::HeartbeatReply reply;
+    request.set_client_id("victim");
+    expect_unauthenticated(stub->Heartbeat(&context, request, &reply), "Heartbeat");
+  }
+  {
+    // Planting keys for the victim's next puts.
+    grpc::ClientContext context;
+    proto::BatchPutStartRequest request;
+    proto::BatchPutStartReply reply;
+    request.set_client_id("victim");
+    request.add_items()->set_key("page/planted");
+    request.mutable_items(0)->set_size(4096);
+    expect_unauthenticated(stub->BatchPutStart(&context, request, &reply), "BatchPutStart");
+  }
+  {
+    // A made-up proof.
+    grpc::ClientContext context;
+    context.AddMetadata(control_auth::kMetadataKey,
+                        control_auth::EncodeMetadata(1, 1, control_auth::Digest{}));
+    proto::StatsRequest request;
+    proto::StatsReply reply;
+    expect_unauthenticated(stub->GetStats(&context, request, &reply), "forged proof");
+  }
+  const MasterStats after = server->state().Stats();
+  EXPECT_EQ(after.objects, before.objects);
+  EXPECT_EQ(after.objects, 83u);
+  EXPECT_EQ(after.segments, before.segments);
+  EXPECT_EQ(after.clients, before.clients);
+  EXPECT_EQ(after.bytes_capacity, before.bytes_capacity);
+}
+
+TEST(MasterAuthTest, AWrongTokenOpensNoSession) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient intruder = Client(*server, "intruder", "not-the-cluster-token");
+  proto::StatsRequest request;
+  proto::StatsReply reply;
+  Status status = intruder.Call("GetStats", &Stub::GetStats, request, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kUnauthenticated) << status;
+  MasterClient none = Client(*server, "none", "");
+  status = none.Call("GetStats", &Stub::GetStats, request, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kUnauthenticated) << status;
+  EXPECT_NE(status.message().find("LARDER_AUTH_TOKEN"), std::string::npos) << status;
+  EXPECT_EQ(server->state().Stats().clients, 0u);
+}
+
+TEST(MasterAuthTest, ASessionActsForItsOwnClientOnly) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient victim = Client(*server, "victim", kToken);
+  MountAndPut(victim, "victim", "victim-seg", Keys("page/", 107));
+  // A token holder opens its own session, then acts in the victim's name.
+  MasterClient other = Client(*server, "other", kToken);
+  proto::UnmountSegmentsRequest unmount;
+  proto::UnmountSegmentsReply unmounted;
+  unmount.set_client_id("victim");
+  unmount.add_segment_id(server->state().ListSegments({})[0].segment_id);
+  unmount.set_unregister_client(true);
+  Status status = other.Call("UnmountSegments", &Stub::UnmountSegments, unmount, &unmounted);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  proto::HeartbeatRequest beat;
+  proto::HeartbeatReply beat_reply;
+  beat.set_client_id("victim");
+  status = other.Call("Heartbeat", &Stub::Heartbeat, beat, &beat_reply);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  proto::BatchKeysRequest remove;
+  proto::BatchStatusReply removed;
+  remove.set_client_id("victim");
+  remove.add_keys("page/1");
+  status = other.Call("BatchRemove", &Stub::BatchRemove, remove, &removed);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  // Nor can it take the victim's client id over with a session of its own.
+  MasterClient impostor = Client(*server, "victim", kToken);
+  proto::StatsRequest stats;
+  proto::StatsReply stats_reply;
+  status = impostor.Call("GetStats", &Stub::GetStats, stats, &stats_reply);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+
+  EXPECT_EQ(server->state().Stats().objects, 107u);
+  EXPECT_EQ(server->state().Stats().segments, 1u);
+  // The victim's own session still works.
+  status = victim.Call("Heartbeat", &Stub::Heartbeat, beat, &beat_reply);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_FALSE(beat_reply.remount_required());
+}
+
+TEST(MasterAuthTest, RemoveAllNeedsTheAdminToken) {
+  auto server = StartMaster(kToken, kAdminToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient writer = Client(*server, "writer", kToken);
+  MountAndPut(writer, "writer", "writer-seg", Keys("k", 20));
+  proto::RemoveAllRequest request;
+  proto::RemoveAllReply reply;
+  request.set_client_id("writer");
+  Status status = writer.Call("RemoveAll", &Stub::RemoveAll, request, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  EXPECT_NE(status.message().find("LARDER_ADMIN_TOKEN"), std::string::npos) << status;
+  EXPECT_EQ(server->state().Stats().objects, 20u);
+
+  MasterClient wrong_admin = Client(*server, "op1", kToken, "wrong-admin-token");
+  request.set_client_id("op1");
+  status = wrong_admin.Call("RemoveAll", &Stub::RemoveAll, request, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kUnauthenticated) << status;
+  EXPECT_EQ(server->state().Stats().objects, 20u);
+
+  // An operator session needs a mounted client as any RemoveAll caller does.
+  MasterClient admin = Client(*server, "writer-admin", kToken, kAdminToken);
+  proto::MountSegmentsRequest mount;
+  proto::MountSegmentsReply mounted;
+  mount.set_client_id("writer-admin");
+  ASSERT_TRUE(admin.Call("MountSegments", &Stub::MountSegments, mount, &mounted).ok());
+  request.set_client_id("writer-admin");
+  status = admin.Call("RemoveAll", &Stub::RemoveAll, request, &reply);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(reply.removed(), 20u);
+}
+
+// Opens a session by hand, as control_auth.h describes, and returns its id and key.
+std::pair<uint64_t, std::string> OpenSessionByHand(Stub& stub, const std::string& client_id) {
+  proto::ChallengeReply challenge;
+  {
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub.Challenge(&context, proto::ChallengeRequest(), &challenge).ok());
+  }
+  std::string client_nonce(32, 'n');
+  proto::OpenSessionRequest open;
+  open.set_client_id(client_id);
+  open.set_client_nonce(client_nonce);
+  open.set_server_nonce(challenge.server_nonce());
+  auto proof = control_auth::ClientProof(kToken, client_id, client_nonce, challenge.server_nonce());
+  open.set_proof(proof.data(), proof.size());
+  proto::OpenSessionReply opened;
+  grpc::ClientContext context;
+  EXPECT_TRUE(stub.OpenSession(&context, open, &opened).ok());
+  // The challenge is spent: the same proof opens nothing a second time.
+  grpc::ClientContext again;
+  proto::OpenSessionReply reopened;
+  EXPECT_EQ(stub.OpenSession(&again, open, &reopened).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  return {opened.session_id(),
+          control_auth::SessionKey(kToken, client_id, client_nonce, challenge.server_nonce(),
+                                   opened.session_id())};
+}
+
+TEST(MasterAuthTest, ACapturedCallCannotBeReplayedOrAltered) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  auto stub = RawStub(*server);
+  auto [session, key] = OpenSessionByHand(*stub, "c1");
+  proto::MountSegmentsRequest mount;
+  mount.set_client_id("c1");
+  const std::string metadata = control_auth::EncodeMetadata(
+      session, 7, control_auth::CallMac(key, "MountSegments", 7, SerializeForMac(mount)));
+  auto call = [&](const proto::MountSegmentsRequest& request) {
+    grpc::ClientContext context;
+    context.AddMetadata(control_auth::kMetadataKey, metadata);
+    proto::MountSegmentsReply reply;
+    return stub->MountSegments(&context, request, &reply);
+  };
+  EXPECT_TRUE(call(mount).ok());
+  EXPECT_EQ(call(mount).error_code(), grpc::StatusCode::UNAUTHENTICATED);  // replayed
+  proto::MountSegmentsRequest altered = mount;
+  altered.set_host_id("elsewhere");
+  EXPECT_EQ(call(altered).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The proof names its method: the same mac does not pass for another call.
+  grpc::ClientContext context;
+  context.AddMetadata(control_auth::kMetadataKey, metadata);
+  proto::UnmountSegmentsRequest unmount;
+  unmount.set_client_id("c1");
+  proto::UnmountSegmentsReply unmounted;
+  EXPECT_EQ(stub->UnmountSegments(&context, unmount, &unmounted).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(server->state().Stats().clients, 1u);
+}
+
+TEST(MasterAuthTest, ATokenHoldingClientRefusesAMasterWithoutTheToken) {
+  auto server = StartMaster("");
+  ASSERT_NE(server, nullptr);
+  MasterClient careful = Client(*server, "careful", kToken);
+  proto::StatsRequest request;
+  proto::StatsReply reply;
+  Status status = careful.Call("GetStats", &Stub::GetStats, request, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  EXPECT_NE(status.message().find("does not prove the cluster token"), std::string::npos);
+}
+
+TEST(MasterAuthTest, ASessionLostWithARestartIsOpenedAgain) {
+  auto first = StartMaster(kToken);
+  ASSERT_NE(first, nullptr);
+  const uint16_t port = first->port();
+  MasterClient client = Client(*first, "c1", kToken);
+  proto::StatsRequest request;
+  proto::StatsReply reply;
+  ASSERT_TRUE(client.Call("GetStats", &Stub::GetStats, request, &reply).ok());
+  first->Shutdown();
+  first.reset();
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = port;
+  options.http_port = -1;
+  options.auth.cluster_token = kToken;
+  auto second = MasterServer::Start(options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  // The first call on the new master meets an unknown session; the client opens a new one.
+  Status status;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    status = client.Call("GetStats", &Stub::GetStats, request, &reply);
+    if (status.code() != StatusCode::kUnavailable) break;  // reconnecting
+  }
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(reply.master_incarnation(), (*second)->state().incarnation());
+}
+
+TEST(MasterAuthTest, WithoutATokenTheMasterServesLoopbackOnly) {
+  MasterServerOptions options;
+  options.port = 0;
+  options.http_port = -1;
+  auto local = MasterServer::Start(options);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ((*local)->listen_host(), "127.0.0.1");
+  options.listen_host = "0.0.0.0";
+  auto exposed = MasterServer::Start(options);
+  ASSERT_FALSE(exposed.ok());
+  EXPECT_EQ(exposed.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(exposed.status().message().find("--insecure"), std::string::npos);
+  options.insecure = true;
+  auto insecure = MasterServer::Start(options);
+  ASSERT_TRUE(insecure.ok()) << insecure.status();
+  options.insecure = false;
+  options.listen_host = "";
+  options.auth.cluster_token = kToken;
+  auto secured = MasterServer::Start(options);
+  ASSERT_TRUE(secured.ok()) << secured.status();
+  EXPECT_EQ((*secured)->listen_host(), "0.0.0.0");
+  options.auth.cluster_token = "";
+  options.auth.admin_token = kAdminToken;
+  EXPECT_EQ(MasterServer::Start(options).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MasterAuthTest, AdminHttpRoutesNeedTheAdminTokenAndMetricsNameNoKeys) {
+  auto server = StartMaster(kToken, kAdminToken, /*http_port=*/0);
+  ASSERT_NE(server, nullptr);
+  MasterClient writer = Client(*server, "writer", kToken);
+  MountAndPut(writer, "writer", "writer-seg", {"secret-prompt-key"});
+  httplib::Client http("127.0.0.1", server->http_port());
+  for (const char* path : {"/keys", "/segments"}) {
+    auto anonymous = http.Get(path);
+    ASSERT_TRUE(anonymous);
+    EXPECT_EQ(anonymous->status, 401) << path;
+    EXPECT_EQ(anonymous->body.find("secret-prompt-key"), std::string::npos);
+    auto wrong = http.Get(path, {{"Authorization", "Bearer nope"}});
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 403) << path;
+    auto cluster_token = http.Get(path, {{"Authorization", std::string("Bearer ") + kToken}});
+    ASSERT_TRUE(cluster_token);
+    EXPECT_EQ(cluster_token->status, 403) << path;  // the cluster token is not the admin's
+    auto admin = http.Get(path, {{"Authorization", std::string("Bearer ") + kAdminToken}});
+    ASSERT_TRUE(admin);
+    EXPECT_EQ(admin->status, 200) << path;
+  }
+  auto keys = http.Get("/keys", {{"Authorization", std::string("Bearer ") + kAdminToken}});
+  EXPECT_NE(keys->body.find("secret-prompt-key"), std::string::npos);
+  for (const char* path : {"/health", "/metrics"}) {
+    auto open = http.Get(path);
+    ASSERT_TRUE(open);
+    EXPECT_EQ(open->status, 200) << path;
+    EXPECT_EQ(open->body.find("secret-prompt-key"), std::string::npos) << path;
+  }
+}
+
+TEST(MasterAuthTest, GrpcOverTlsWithTheClusterCa) {
+  const std::string dir = ::testing::TempDir() + "/larder-auth-tls";
+  auto certs = larder::testing::WriteTestCertificates(dir);
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = -1;
+  options.auth.cluster_token = kToken;
+  options.tls_cert_file = certs->cert_file;
+  options.tls_key_file = certs->key_file;
+  auto server = MasterServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());  // an IP SAN
+  proto::StatsRequest request;
+  proto::StatsReply reply;
+  MasterClientOptions good;
+  good.address = address;
+  good.timeout = std::chrono::seconds(5);
+  good.client_id = "tls-client";
+  good.auth_token = kToken;
+  good.tls_ca_file = certs->ca_file;
+  Status status = MasterClient(good).Call("GetStats", &Stub::GetStats, request, &reply);
+  EXPECT_TRUE(status.ok()) << status;
+  MasterClientOptions other_ca = good;
+  other_ca.client_id = "tls-client-2";
+  other_ca.tls_ca_file = certs->other_ca_file;
+  other_ca.timeout = std::chrono::seconds(2);
+  status = MasterClient(other_ca).Call("GetStats", &Stub::GetStats, request, &reply);
+  EXPECT_FALSE(status.ok());
+  MasterClientOptions plaintext = good;
+  plaintext.client_id = "tls-client-3";
+  plaintext.tls_ca_file = "";
+  plaintext.timeout = std::chrono::seconds(2);
+  status = MasterClient(plaintext).Call("GetStats", &Stub::GetStats, request, &reply);
+  EXPECT_FALSE(status.ok());
+  MasterClientOptions missing_ca = good;
+  missing_ca.tls_ca_file = dir + "/no-such-ca.pem";
+  status = MasterClient(missing_ca).Call("GetStats", &Stub::GetStats, request, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+}
+
+// ---- validation at the edge ----
+
+class MasterEdgeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = StartMaster("");
+    ASSERT_NE(server_, nullptr);
+    rpc_ = std::make_unique<MasterClient>(server_->address(), std::chrono::seconds(30));
+    MountAndPut(*rpc_, "c", "seg", {"small"});
+  }
+  std::unique_ptr<MasterServer> server_;
+  std::unique_ptr<MasterClient> rpc_;
+};
+
+TEST_F(MasterEdgeTest, OversizeKeysAreRefusedOnEveryCallAndQuotedShort) {
+  const std::string huge(1 << 20, 'k');
+  proto::BatchKeysRequest request;
+  request.set_client_id("c");
+  for (int i = 0; i < 20; ++i) request.add_keys(huge);
+  size_t total_reply_bytes = 0;
+  auto check_errors = [&](const auto& errors, const char* what) {
+    ASSERT_EQ(errors.size(), 20) << what;
+    for (const proto::KeyError& error : errors) {
+      EXPECT_EQ(error.status().code(), static_cast<int>(StatusCode::kInvalidArgument)) << what;
+      EXPECT_LT(error.status().message().size(), 200u) << what;
+      EXPECT_NE(error.status().message().find("1048576 bytes"), std::string::npos)
+          << error.status().message();
+    }
+  };
+  proto::BatchGetReplicasReply got;
+  ASSERT_TRUE(rpc_->Call("BatchGetReplicas", &Stub::BatchGetReplicas, request, &got).ok());
+  check_errors(got.errors(), "get");
+  total_reply_bytes += got.ByteSizeLong();
+  proto::BatchStatusReply status_reply;
+  ASSERT_TRUE(rpc_->Call("BatchRemove", &Stub::BatchRemove, request, &status_reply).ok());
+  check_errors(status_reply.errors(), "remove");
+  total_reply_bytes += status_reply.ByteSizeLong();
+  ASSERT_TRUE(rpc_->Call("BatchPutEnd", &Stub::BatchPutEnd, request, &status_reply).ok());
+  ASSERT_TRUE(rpc_->Call("BatchPutRevoke", &Stub::BatchPutRevoke, request, &status_reply).ok());
+  proto::BatchExistReply exists;
+  ASSERT_TRUE(rpc_->Call("BatchExist", &Stub::BatchExist, request, &exists).ok());
+  ASSERT_EQ(exists.exists_size(), 20);
+  for (bool e : exists.exists()) EXPECT_FALSE(e);
+  EXPECT_LT(total_reply_bytes, 16u * 1024);  // 20 MiB of keys asked, a few KiB answered
+  EXPECT_EQ(server_->state().Stats().objects, 1u);
+}
+
+TEST_F(MasterEdgeTest, KeysAreBytes) {
+  const std::string binary("\xff\xfe\x00\x01page", 8);
+  proto::BatchPutStartRequest start;
+  proto::BatchPutStartReply started;
+  start.set_client_id("c");
+  proto::PutItem* item = start.add_items();
+  item->set_key(binary);
+  item->set_size(64);
+  ASSERT_TRUE(rpc_->Call("BatchPutStart", &Stub::BatchPutStart, start, &started).ok());
+  ASSERT_EQ(started.results(0).status().code(), 0) << started.results(0).status().message();
+  proto::BatchKeysRequest end;
+  proto::BatchStatusReply ended;
+  end.set_client_id("c");
+  end.add_keys(binary);
+  ASSERT_TRUE(rpc_->Call("BatchPutEnd", &Stub::BatchPutEnd, end, &ended).ok());
+  EXPECT_EQ(ended.errors_size(), 0);
+  proto::BatchGetReplicasReply got;
+  ASSERT_TRUE(rpc_->Call("BatchGetReplicas", &Stub::BatchGetReplicas, end, &got).ok());
+  EXPECT_EQ(got.errors_size(), 0);
+  EXPECT_EQ(got.size(0), 64u);
+  // An error about such a key quotes it escaped, so the reply stays valid text.
+  proto::BatchKeysRequest missing;
+  missing.set_client_id("c");
+  missing.add_keys(std::string("\xc3\x28missing", 9));
+  ASSERT_TRUE(rpc_->Call("BatchGetReplicas", &Stub::BatchGetReplicas, missing, &got).ok());
+  ASSERT_EQ(got.errors_size(), 1);
+  EXPECT_EQ(got.errors(0).status().code(), static_cast<int>(StatusCode::kNotFound));
+  EXPECT_NE(got.errors(0).status().message().find("'\\xc3(missing'"), std::string::npos)
+      << got.errors(0).status().message();
+}
+
+TEST_F(MasterEdgeTest, SegmentSizesCannotWrapTheCapacity) {
+  const uint64_t capacity = server_->state().Stats().bytes_capacity;
+  proto::MountSegmentsRequest mount;
+  proto::MountSegmentsReply mounted;
+  mount.set_client_id("c2");
+  for (int i = 0; i < 2; ++i) {
+    proto::SegmentInfo* info = mount.add_segments();
+    info->set_name("giant-" + std::to_string(i));
+    info->set_base(static_cast<uint64_t>(i) << 63);
+    info->set_size(1ULL << 63);
+  }
+  ASSERT_TRUE(rpc_->Call("MountSegments", &Stub::MountSegments, mount, &mounted).ok());
+  ASSERT_EQ(mounted.status_size(), 2);
+  for (const proto::ItemStatus& status : mounted.status()) {
+    EXPECT_EQ(status.code(), static_cast<int>(StatusCode::kInvalidArgument)) << status.message();
+  }
+  EXPECT_EQ(server_->state().Stats().bytes_capacity, capacity);
+  // Too many segments in one mount, an oversize descriptor: refused before any is mounted.
+  proto::MountSegmentsRequest many;
+  many.set_client_id("c3");
+  for (int i = 0; i < 65; ++i) {
+    proto::SegmentInfo* info = many.add_segments();
+    info->set_name("s" + std::to_string(i));
+    info->set_base(static_cast<uint64_t>(i) << 30);
+    info->set_size(1 << 20);
+  }
+  EXPECT_EQ(rpc_->Call("MountSegments", &Stub::MountSegments, many, &mounted).code(),
+            StatusCode::kInvalidArgument);
+  proto::MountSegmentsRequest fat;
+  fat.set_client_id("c3");
+  proto::SegmentInfo* info = fat.add_segments();
+  info->set_name("fat");
+  info->set_size(1 << 20);
+  info->set_descriptor_json(std::string(100 * 1024, ' '));
+  ASSERT_TRUE(rpc_->Call("MountSegments", &Stub::MountSegments, fat, &mounted).ok());
+  EXPECT_EQ(mounted.status(0).code(), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(server_->state().Stats().segments, 1u);
+}
+
+TEST_F(MasterEdgeTest, AnOversizeBatchIsRefusedBeforeAnythingIsAllocated) {
+  proto::BatchPutStartRequest start;
+  proto::BatchPutStartReply started;
+  start.set_client_id("c");
+  for (int i = 0; i < 100000; ++i) {
+    proto::PutItem* item = start.add_items();
+    item->set_key("b" + std::to_string(i));
+    item->set_size(64);
+  }
+  Status status = rpc_->Call("BatchPutStart", &Stub::BatchPutStart, start, &started);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(started.results_size(), 0);
+  const MasterStats stats = server_->state().Stats();
+  EXPECT_EQ(stats.objects, 1u);
+  EXPECT_EQ(stats.bytes_used, 4096u);
+  proto::BatchKeysRequest keys;
+  keys.set_client_id("c");
+  for (int i = 0; i < 100000; ++i) keys.add_keys("b" + std::to_string(i));
+  proto::BatchGetReplicasReply got;
+  status = rpc_->Call("BatchGetReplicas", &Stub::BatchGetReplicas, keys, &got);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(server_->state().Stats().leases_active, 0u);
+}
+
+}  // namespace
+}  // namespace larder::master

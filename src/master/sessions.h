@@ -1,0 +1,117 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#pragma once
+
+// The control plane's sessions (proto/master.proto, "authentication"; src/common/control_auth.h
+// for the proofs): challenges handed out, sessions opened with a proof of the cluster token, and
+// the check of every call's proof.
+
+#include <bitset>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "common/control_auth.h"
+#include "larder/status.h"
+#include "master/types.h"
+
+namespace larder::master {
+
+struct AuthOptions {
+  // Empty: no authentication (every call is served; the master then listens on loopback only
+  // unless started --insecure).
+  std::string cluster_token;
+  // Proven at OpenSession for an operator session (RemoveAll, /keys, /segments). Empty: no
+  // operator sessions, and those operations are refused while a cluster token is set.
+  std::string admin_token;
+  // A session not used for this long is closed when room is needed for a new one (or by
+  // ExpireIdle); its client then opens a new one.
+  std::chrono::milliseconds session_idle_ttl{std::chrono::minutes(2)};
+  size_t max_sessions = 65536;
+  // Challenges handed out and not yet used (the oldest is dropped when more are asked for).
+  size_t max_challenges = 4096;
+  std::chrono::milliseconds challenge_ttl{std::chrono::seconds(30)};
+  std::function<Clock::time_point()> clock = [] { return Clock::now(); };
+};
+
+// Who a call acts for, once its proof checked.
+struct CallIdentity {
+  std::string client_id;
+  bool admin = false;
+};
+
+// Longest client id a session may be opened for.
+inline constexpr size_t kMaxClientIdBytes = 256;
+
+// The error detail of UNAUTHENTICATED for a session the master does not know (it restarted, or
+// the session expired): the client opens a new session and repeats the call.
+inline constexpr char kUnknownSessionDetail[] = "larder:unknown-session";
+
+// Thread-safe.
+class SessionTable {
+ public:
+  explicit SessionTable(AuthOptions options);
+
+  bool enabled() const { return !options_.cluster_token.empty(); }
+  bool has_admin_token() const { return !options_.admin_token.empty(); }
+
+  // A fresh 32-byte nonce that one OpenSession may use within the challenge TTL.
+  std::string NewChallenge();
+
+  struct Opened {
+    uint64_t session_id = 0;
+    control_auth::Digest proof{};  // ServerProof
+    bool admin = false;
+  };
+  // Opens a session for `client_id`. Errors: Unauthenticated (unknown or reused challenge, wrong
+  // proof of either token), InvalidArgument (malformed fields), PermissionDenied (the client id
+  // has a session in use already: nobody takes over another client's id), ResourceExhausted.
+  Result<Opened> Open(std::string_view client_id, std::string_view client_nonce,
+                      std::string_view server_nonce, std::string_view proof,
+                      std::string_view admin_proof);
+
+  // Checks a call's `larder-auth-bin` metadata against the method and the serialized request.
+  // Errors: Unauthenticated (missing or malformed proof, wrong mac, replayed sequence number; an
+  // unknown session carries kUnknownSessionDetail in the message).
+  Result<CallIdentity> Verify(std::string_view metadata, std::string_view method,
+                              std::string_view body);
+
+  // Closes the sessions of a client that left.
+  void CloseClient(std::string_view client_id);
+  // Closes sessions idle past the TTL and forgets expired challenges.
+  void ExpireIdle();
+  size_t size() const;
+
+ private:
+  struct Session {
+    std::string client_id;
+    std::string key;
+    bool admin = false;
+    std::mutex mu;
+    Clock::time_point last_used;  // guarded by mu
+    bool used = false;            // guarded by mu: a call checked on it
+    uint64_t max_sequence = 0;    // guarded by mu
+    std::bitset<1024> window;     // guarded by mu: bit i = max_sequence - i was seen
+  };
+  static constexpr uint64_t kWindow = 1024;
+
+  void ForgetChallengesLocked(Clock::time_point now);
+  void CloseIdleLocked(Clock::time_point now);  // REQUIRES: mu_ held exclusively
+
+  AuthOptions options_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Session>> sessions_;  // guarded by mu_
+  std::unordered_map<std::string, uint64_t> by_client_;              // guarded by mu_
+  std::mutex challenges_mu_;
+  std::unordered_map<std::string, Clock::time_point> challenges_;  // guarded by challenges_mu_
+  std::deque<std::string> challenge_order_;                        // guarded by challenges_mu_
+};
+
+}  // namespace larder::master
