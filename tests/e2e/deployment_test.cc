@@ -166,9 +166,11 @@ TEST(DeploymentTest, KilledPrefillFailsOnlyItsPdRequestsFastWithUnavailable) {
   EXPECT_NE(error.find("prefill-1"), std::string::npos) << error;
   EXPECT_EQ(U64(alive, "failures"), 0u) << alive.dump();
   EXPECT_GT(U64(alive, "transfers"), 0u);
-  // The summary counts them as failures; every PD failure kind is prefill-1's Unavailable.
+  // The summary counts them as failures; every PD failure kind is prefill-1's Unavailable. The
+  // kinds count every phase, pd_by_prefill the loaded one only: a request that fails while the
+  // run stops is in the first and not in the second.
   const json& kinds = s["failures_by_kind"];
-  EXPECT_EQ(U64(kinds, "pd.prefill-1.Unavailable"), U64(dead, "failures"));
+  EXPECT_GE(U64(kinds, "pd.prefill-1.Unavailable"), U64(dead, "failures"));
   EXPECT_EQ(U64(kinds, "prefill_died.prefill-1"), 1u);
   for (const auto& [kind, n] : kinds.items()) {
     if (kind.rfind("pd.", 0) == 0) {
