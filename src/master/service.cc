@@ -102,7 +102,8 @@ class MasterService final : public proto::Master::Service {
     if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
       metadata = std::string_view(it->second.data(), it->second.size());
     }
-    auto identity = sessions_->Verify(metadata, method, SerializeForMac(request));
+    auto identity =
+        sessions_->Verify(metadata, method, [&request] { return SerializeForMac(request); });
     if (!identity.ok()) return Unauthenticated(identity.status());
     if constexpr (requires { request.client_id(); }) {
       if (need == Need::kSelf && request.client_id() != identity->client_id) {

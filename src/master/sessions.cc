@@ -122,7 +122,7 @@ Result<SessionTable::Opened> SessionTable::Open(std::string_view client_id,
 }
 
 Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string_view method,
-                                          std::string_view body) {
+                                          const std::function<std::string()>& body) {
   uint64_t session_id = 0, sequence = 0;
   control_auth::Digest mac{};
   if (metadata.empty()) {
@@ -139,7 +139,7 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
     if (it != sessions_.end()) session = it->second;
   }
   if (session == nullptr) return UnauthenticatedError(kUnknownSessionDetail);
-  control_auth::Digest expected = control_auth::CallMac(session->key, method, sequence, body);
+  control_auth::Digest expected = control_auth::CallMac(session->key, method, sequence, body());
   if (!DigestEqual(expected.data(), mac.data())) {
     return UnauthenticatedError("wrong proof for " + std::string(method));
   }

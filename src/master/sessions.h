@@ -80,8 +80,10 @@ class SessionTable {
   // Checks a call's `larder-auth-bin` metadata against the method and the serialized request.
   // Errors: Unauthenticated (missing or malformed proof, wrong mac, replayed sequence number; an
   // unknown session carries kUnknownSessionDetail in the message).
+  // `body` serializes the request; it is called only once the metadata names a known session, so
+  // a caller without one costs no work proportional to its request.
   Result<CallIdentity> Verify(std::string_view metadata, std::string_view method,
-                              std::string_view body);
+                              const std::function<std::string()>& body);
 
   // Closes the sessions of a client that left.
   void CloseClient(std::string_view client_id);
