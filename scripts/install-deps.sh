@@ -22,6 +22,7 @@ packages=(
   protobuf-compiler
   protobuf-compiler-grpc
   libcpp-httplib-dev
+  libre2-dev
   zlib1g-dev
   libbrotli-dev
   gnuplot-nox
@@ -29,6 +30,7 @@ packages=(
   python3-dev
   python3-pytest
   python3-numpy
+  python3-torch
 )
 
 missing=()

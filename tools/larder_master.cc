@@ -2,49 +2,20 @@
 //
 // larder-master: the store's metadata service (gRPC) and its HTTP endpoint. Holds no data.
 // SIGTERM or SIGINT shuts it down cleanly.
-#include <signal.h>
-
 #include <CLI/CLI.hpp>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "bench/process.h"
+#include "cli_common.h"
 #include "common/env.h"
-#include "common/logging.h"
 #include "master/master_server.h"
 
 namespace {
 
-CLI::Validator Duration() {
-  return CLI::Validator(
-      [](std::string& value) -> std::string {
-        auto parsed = larder::ParseDuration(value);
-        return parsed.ok() ? "" : parsed.status().message();
-      },
-      "DURATION", "duration (500ms, 5s, 2m)");
-}
+using larder::cli::Duration;
 
 std::chrono::milliseconds ToDuration(const std::string& text) {
   return *larder::ParseDuration(text);
-}
-
-// A token file's content without its trailing newline. Errors name the file.
-larder::Result<std::string> ReadToken(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return larder::InvalidArgumentError("cannot read token file " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string token = text.str();
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
-    token.pop_back();
-  }
-  if (token.size() < 16) {
-    return larder::InvalidArgumentError("token file " + path +
-                                        " holds fewer than 16 bytes; use a long random secret "
-                                        "(e.g. `openssl rand -hex 32`)");
-  }
-  return token;
 }
 
 }  // namespace
@@ -54,23 +25,22 @@ int main(int argc, char** argv) {
   CLI::App app{
       "larder-master: metadata service of the Larder store (object placement, leases, eviction,\n"
       "client liveness). Clients reach it over gRPC; operators over HTTP (/metrics, /health,\n"
-      "/segments, /keys?prefix=). It holds no object bytes."};
+      "/segments, /keys?prefix=, and Mooncake's /get_all_keys, /query_key?key=, ...). It holds\n"
+      "no object bytes."};
   larder::master::MasterServerOptions options;
   std::string lease_ttl = "5s", client_ttl = "10s", put_timeout = "30s", placement = "local-first";
-  std::string log_level;
-  bool parent_watch = false;
-  std::string auth_token_file, admin_token_file;
+  std::string default_soft_pin_ttl = "30m", max_soft_pin_ttl = "24h";
+  larder::cli::TokenFlags tokens;
+  larder::cli::ServiceFlags service;
   app.add_option("--host", options.listen_host,
                  "address to listen on (default: 0.0.0.0 with a cluster token or --insecure, "
                  "else 127.0.0.1)");
-  app.add_option("--auth-token-file", auth_token_file,
-                 "file holding the cluster token: every client proves it (LARDER_AUTH_TOKEN) and "
-                 "the master proves it back (docs/security.md)")
-      ->check(CLI::ExistingFile);
-  app.add_option("--admin-token-file", admin_token_file,
-                 "file holding the operator token that RemoveAll, /keys and /segments need "
-                 "(LARDER_ADMIN_TOKEN on clients)")
-      ->check(CLI::ExistingFile);
+  larder::cli::AddTokenFlags(
+      &app, &tokens,
+      "file holding the cluster token: every client proves it (LARDER_AUTH_TOKEN) and the "
+      "master proves it back (docs/security.md)",
+      "file holding the operator token that RemoveAll and every HTTP route but /metrics and "
+      "/health need (LARDER_ADMIN_TOKEN on clients)");
   app.add_flag("--insecure", options.insecure,
                "serve every interface without a cluster token (anyone who reaches the master "
                "can read and change the cache)");
@@ -107,6 +77,18 @@ int main(int argc, char** argv) {
   app.add_option("--put-timeout", put_timeout, "a put not ended within this is revoked")
       ->check(Duration())
       ->capture_default_str();
+  app.add_option("--default-soft-pin-ttl", default_soft_pin_ttl,
+                 "how long a soft pin lasts when a put enables one without a TTL")
+      ->check(Duration())
+      ->capture_default_str();
+  app.add_option("--max-soft-pin-ttl", max_soft_pin_ttl,
+                 "longest soft pin a put may ask for (longer: refused)")
+      ->check(Duration())
+      ->capture_default_str();
+  app.add_option("--evict-soft-pinned", options.master.evict_soft_pinned,
+                 "whether eviction may take soft-pinned objects (least recently used first) once "
+                 "no unpinned object is left to evict; false: only after their pin ran out")
+      ->capture_default_str();
   app.add_option("--max-key-size", options.master.max_key_size, "longest key in bytes")
       ->check(CLI::Range(size_t{1}, larder::master::kMaxKeyBytes))
       ->capture_default_str();
@@ -118,25 +100,25 @@ int main(int argc, char** argv) {
   app.add_option("--shards", options.master.shards, "metadata shards (one lock each)")
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error (LARDER_LOG_LEVEL)");
-  app.add_flag("--parent-watch", parent_watch,
-               "also exit when stdin closes (for tools that spawn the master)")
-      ->group("");
+  larder::cli::AddServiceFlags(&app, &service, "master");
   CLI11_PARSE(app, argc, argv);
-  if (!log_level.empty()) larder::SetLogLevel(log_level);
-  for (auto [file, token] : {std::pair{&auth_token_file, &options.auth.cluster_token},
-                             std::pair{&admin_token_file, &options.auth.admin_token}}) {
-    if (file->empty()) continue;
-    auto read = ReadToken(*file);
-    if (!read.ok()) {
-      std::cerr << "larder-master: " << read.status() << "\n";
-      return 2;
-    }
-    *token = *read;
+  larder::cli::ApplyLogLevel(service);
+  if (larder::Status read = larder::cli::ReadTokens(
+          tokens, /*min_bytes=*/16, &options.auth.cluster_token, &options.auth.admin_token);
+      !read.ok()) {
+    std::cerr << "larder-master: " << read << "\n";
+    return 2;
   }
   options.master.lease_ttl = ToDuration(lease_ttl);
   options.master.client_ttl = ToDuration(client_ttl);
   options.master.put_timeout = ToDuration(put_timeout);
+  options.master.default_soft_pin_ttl = ToDuration(default_soft_pin_ttl);
+  options.master.max_soft_pin_ttl = ToDuration(max_soft_pin_ttl);
+  if (options.master.default_soft_pin_ttl > options.master.max_soft_pin_ttl) {
+    std::cerr << "larder-master: --default-soft-pin-ttl " << default_soft_pin_ttl
+              << " exceeds --max-soft-pin-ttl " << max_soft_pin_ttl << "\n";
+    return 2;
+  }
   options.master.placement = placement == "free-ratio"
                                  ? larder::master::PlacementStrategy::kFreeRatio
                                  : larder::master::PlacementStrategy::kLocalHostFirst;
@@ -149,16 +131,7 @@ int main(int argc, char** argv) {
   std::cerr << "larder-master: gRPC on " << (*server)->listen_host() << ":" << (*server)->port()
             << ", HTTP on " << (*server)->http_port() << "\n";
   larder::bench::AnnounceReady((*server)->address() + " " + std::to_string((*server)->http_port()));
-  if (parent_watch) {
-    larder::bench::WaitForParentOrSignal();
-  } else {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    int signal = 0;
-    sigwait(&set, &signal);
-  }
+  larder::cli::WaitForShutdown(service);
   std::cerr << "larder-master: shutting down\n";
   (*server)->Shutdown();
   return 0;

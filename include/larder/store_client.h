@@ -21,7 +21,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -36,7 +38,8 @@ namespace larder {
 struct StoreClientOptions {
   // larder-master's gRPC address.
   std::string master_address = "127.0.0.1:50051";
-  // Address this process's data server listens on (other hosts reach its segment there).
+  // Address this process's data server listens on (other hosts reach its segment there): "ip"
+  // (a free port) or "ip:port".
   std::string local_hostname = "127.0.0.1";
   // Name of this client's global segment in the cluster; other clients name it in
   // PutConfig::preferred_segments. Empty: "<local_hostname>:<data port>", unique per process.
@@ -67,6 +70,11 @@ struct StoreClientOptions {
   std::string tls_key_file;
   // Host identity (same host = same id). Empty: LARDER_HOST_ID, else the kernel boot id.
   std::string host_id;
+  // Key namespace: a tenant's keys are invisible to clients of other tenants, and its bulk
+  // removals (RemoveAll, RemoveByRegex) never reach them. At most 128 bytes, no NUL byte. Empty:
+  // LARDER_TENANT, else the default tenant. Tenants are namespaces, not a security boundary: the
+  // cluster token is (docs/security.md).
+  std::string tenant_id;
   // Page size of the global segment: "off", "2m", "1g" or "auto" (see TransferEngineOptions).
   // Empty: LARDER_HUGE_PAGES, else "off".
   std::string huge_pages;
@@ -83,11 +91,18 @@ struct StoreClientOptions {
   // The defaults, overridden by the environment: LARDER_MASTER, LARDER_LOCAL_HOSTNAME,
   // LARDER_SEGMENT_NAME, LARDER_GLOBAL_SEGMENT_SIZE and LARDER_LOCAL_BUFFER_SIZE (sizes such as
   // "4gb", "512MiB"), LARDER_REPLICA_NUM, LARDER_AUTH_TOKEN, LARDER_ADMIN_TOKEN, LARDER_TLS_CA,
-  // LARDER_TLS_CERT, LARDER_TLS_KEY, LARDER_HOST_ID,
+  // LARDER_TLS_CERT, LARDER_TLS_KEY, LARDER_HOST_ID, LARDER_TENANT,
   // LARDER_LEASE_RELEASE_DELAY ("1ms", "2s"). The protocol is left
   // empty, so the engine resolves LARDER_STORE_PROTOCOL / LARDER_PROTOCOL itself.
   // Errors: InvalidArgument naming the variable that does not parse.
   static Result<StoreClientOptions> FromEnvironment();
+};
+
+// What a put does to the soft pin of its object, applied when the object becomes readable.
+enum class SoftPinAction : uint8_t {
+  kPreserve = 0,  // an overwritten key keeps its soft pin (and deadline); a new key gets none
+  kEnable = 1,    // soft-pinned until now + PutConfig::soft_pin_ttl (the master's default if unset)
+  kDisable = 2,   // not soft-pinned
 };
 
 // Per-put placement settings.
@@ -97,6 +112,41 @@ struct PutConfig {
   std::vector<std::string> preferred_segments;
   // Pinned objects are never evicted; only Remove deletes them.
   bool pin = false;
+  // Soft-pinned objects are evicted only when no unpinned object is left to evict, until their
+  // deadline passes. A TTL is valid only with kEnable (InvalidArgument otherwise); 0 means no pin.
+  SoftPinAction soft_pin_action = SoftPinAction::kPreserve;
+  std::optional<std::chrono::milliseconds> soft_pin_ttl;
+  // Upsert: replace the value of a stored key (readers that hold the old value finish reading
+  // it) instead of leaving it unchanged. A key another client is writing: Unavailable.
+  bool overwrite = false;
+};
+
+// A piece of caller memory that holds (or receives) part of an object's bytes.
+struct BufferSlice {
+  void* ptr = nullptr;
+  size_t size = 0;
+};
+
+// `size` bytes of object `key` from byte `offset` of its value, read into `ptr`.
+struct ObjectRange {
+  std::string key;
+  uint64_t offset = 0;
+  void* ptr = nullptr;
+  size_t size = 0;
+};
+
+// Where one replica of an object lives.
+struct ReplicaInfo {
+  std::string segment_name;
+  uint64_t offset = 0;   // inside the segment
+  uint64_t address = 0;  // the segment owner's address of the replica's first byte
+  std::string endpoint;  // the owner's data server ("ip:port"); empty for a segment without one
+};
+
+// An object's size and replicas, as the master knows them.
+struct ObjectInfo {
+  uint64_t size = 0;
+  std::vector<ReplicaInfo> replicas;
 };
 
 class StoreClient {
@@ -156,6 +206,26 @@ class StoreClient {
   virtual std::vector<Result<size_t>> BatchGetInto(std::span<const std::string> keys,
                                                    std::span<void* const> ptrs,
                                                    std::span<const size_t> capacities) = 0;
+  // Scatter-gather: object i is the concatenation of slices[i] (each inside a registered buffer),
+  // as a layer-first KV pool keeps one page in one slice per layer. REQUIRES: keys.size() ==
+  // slices.size(). Errors as BatchPutFrom.
+  virtual std::vector<Status> BatchPutFromSlices(std::span<const std::string> keys,
+                                                 std::span<const std::vector<BufferSlice>> slices,
+                                                 const PutConfig& config = {}) = 0;
+  // Reads object i across slices[i], in order, and returns its size. Errors as BatchGetInto;
+  // InvalidArgument when the slices together hold fewer bytes than the value.
+  virtual std::vector<Result<size_t>> BatchGetIntoSlices(
+      std::span<const std::string> keys, std::span<const std::vector<BufferSlice>> slices) = 0;
+  // As BatchGet, but each value is read straight into the memory `allocate(i, size)` returns once
+  // the size of keys[i] is known (at least `size` bytes; registration not required); an error it
+  // returns fails that key. Returns each value's size.
+  using Allocator = std::function<Result<void*>(size_t index, uint64_t size)>;
+  virtual std::vector<Result<size_t>> BatchGetAllocated(std::span<const std::string> keys,
+                                                        const Allocator& allocate) = 0;
+  // Reads parts of objects (each range inside a registered buffer); one result per range: the
+  // bytes read, NotFound, OutOfRange (the range runs past the value), or the read's error. Ranges
+  // of one key are read under one lease.
+  virtual std::vector<Result<size_t>> BatchGetRanges(std::span<const ObjectRange> ranges) = 0;
 
   // ---- metadata ----
 
@@ -164,11 +234,21 @@ class StoreClient {
   virtual std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) = 0;
   // The value's size in bytes. Takes no lease. Errors: NotFound.
   virtual Result<uint64_t> GetSize(std::string_view key) = 0;
-  // Errors: NotFound, Unavailable (leased by a reader or being written: retry later).
-  virtual Status Remove(std::string_view key) = 0;
-  virtual std::vector<Status> BatchRemove(std::span<const std::string> keys) = 0;
-  // Removes every object no reader holds a lease on; returns how many were removed.
-  virtual Result<uint64_t> RemoveAll() = 0;
+  // Errors: NotFound, Unavailable (leased by a reader or being written: retry later). With
+  // `force`, a leased object is removed too (readers holding it finish reading the old bytes).
+  virtual Status Remove(std::string_view key, bool force = false) = 0;
+  virtual std::vector<Status> BatchRemove(std::span<const std::string> keys,
+                                          bool force = false) = 0;
+  // Removes every object of this client's tenant that no reader holds a lease on (with `force`,
+  // leased ones too); returns how many were removed. Needs the admin token on a master with a
+  // cluster token.
+  virtual Result<uint64_t> RemoveAll(bool force = false) = 0;
+  // Removes the objects of this client's tenant whose whole key matches `pattern` (RE2 syntax);
+  // returns how many. Errors: InvalidArgument (bad pattern).
+  virtual Result<uint64_t> RemoveByRegex(std::string_view pattern, bool force = false) = 0;
+  // Size and replica locations of each key, without a lease. Per item: NotFound, Unavailable
+  // (being written).
+  virtual std::vector<Result<ObjectInfo>> BatchGetObjectInfo(std::span<const std::string> keys) = 0;
 
   // The route this client's transfers to the named segment take (kLocal in the same process,
   // kSameHostShm on the same host when shm is enabled, kTcp otherwise). Errors: NotFound (no such

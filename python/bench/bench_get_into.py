@@ -6,8 +6,13 @@ values in the *next* client's segment (so every read crosses a process boundary)
 random batches of ``--batch`` keys of their own working set into a registered host pool for
 ``--duration`` seconds. Rates count only the time inside batch_get_into, summed over clients, as
 the C++ benchmark does; every batch is checked outside the timed call (all bytes of the first
-batches, then a sample of each value). Each client measures
-through larder.Store, then through the Mooncake-compatible layer.
+batches, then a sample of each value). Each client measures, in turn (``--apis``):
+
+* ``store``: larder.Store.batch_get_into;
+* ``compat``: MooncakeDistributedStore.batch_get_into;
+* ``multi``: batch_get_into_multi_buffers, each value scattered over ``--slices`` ranges (one
+  per layer of a layer-first pool);
+* ``buffer``: batch_get_buffer, each value in a buffer of its own (no registered pool).
 
     PYTHONPATH=build/python python3 python/bench/bench_get_into.py
     build/bin/larder-bench store --op get --value-size 64K --batch 128      # the C++ figure
@@ -72,12 +77,30 @@ def client(rank, args, master, names, barrier, results):
     reports = {}
     mc = MooncakeDistributedStore()
     assert mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, args.protocol, "", master) == 0
+    # multi: value j goes to slices j, batch + j, 2 * batch + j, ... of the pool, as a layer-first
+    # pool keeps page j of each layer in that layer's region.
+    piece = size // args.slices
+    slice_ptrs = [[base + (layer * batch * piece) + j * piece for layer in range(args.slices)]
+                  for j in range(batch)]
+    slice_sizes = [[piece] * args.slices for _ in range(batch)]
+    held = []
+
+    def as_pages(got):
+        """The batch's values as rows of `pages` (multi and buffer lay them out otherwise)."""
+        if isinstance(got[0], int):
+            return got
+        held[:] = got
+        return [len(b) if b is not None else -1 for b in got]
+
     calls = {
-        "larder.Store": lambda keys: store.batch_get_into(keys, ptrs, sizes),
-        "compat.mooncake": lambda keys: mc.batch_get_into(keys, ptrs, sizes),
+        "store": lambda keys: store.batch_get_into(keys, ptrs, sizes),
+        "compat": lambda keys: mc.batch_get_into(keys, ptrs, sizes),
+        "multi": lambda keys: mc.batch_get_into_multi_buffers(keys, slice_ptrs, slice_sizes),
+        "buffer": lambda keys: mc.batch_get_buffer(keys),
     }
-    for api, call in calls.items():
-        if api == "compat.mooncake":
+    for api in args.apis:
+        call = calls[api]
+        if api == "compat":
             store.unregister_buffer(pool)
             assert mc.register_buffer(base, pool.nbytes) == 0
         barrier.wait()
@@ -90,13 +113,20 @@ def client(rank, args, master, names, barrier, results):
             start = time.perf_counter()
             got = call(keys)
             took = time.perf_counter() - start
-            if any(g != size for g in got):
+            if any(g != size for g in as_pages(got)):
                 errors += 1
                 continue
+            if api == "multi":  # gather the slices back into rows to check them
+                layers = pool[:args.slices * batch * piece].reshape(args.slices, batch, piece)
+                rows = layers.transpose(1, 0, 2).reshape(batch, args.slices * piece)
+            elif api == "buffer":
+                rows = np.stack([np.frombuffer(b, np.uint8) for b in held])
+            else:
+                rows = pages
             expected = np.array([fill_byte(k) for k in picked], np.uint8)[:, None]
             # Every byte during warm-up, then every 512th byte: checking 8 MiB with numpy costs
             # more CPU than the read, and the clients share the machine's cores.
-            checked = pages if warmup else pages[:, ::512]
+            checked = rows if warmup else rows[:, ::512]
             wrong += int(np.count_nonzero((checked != expected).any(axis=1)))
             if warmup:
                 warmup -= 1
@@ -120,11 +150,22 @@ def main():
                         help="bytes of values per client (default: min(segment/2, 256MiB))")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
     parser.add_argument("--protocol", default="auto", help="store protocol (auto, tcp, ...)")
+    parser.add_argument("--apis", default="store,compat,multi,buffer",
+                        help="what to measure, in order: store, compat, multi, buffer")
+    parser.add_argument("--slices", type=int, default=4,
+                        help="ranges per value for multi (the value size must divide by it)")
     args = parser.parse_args()
+    args.apis = [a.strip() for a in args.apis.split(",") if a.strip()]
+    if any(a not in ("store", "compat", "multi", "buffer") for a in args.apis):
+        parser.error("--apis takes store, compat, multi, buffer")
+    if "multi" in args.apis and "compat" not in args.apis:
+        parser.error("multi reads into the pool that compat registers: list compat before it")
     if args.clients < 2:
         parser.error("--clients must be at least 2 (values go to another client's segment)")
     args.segment_size = larder.parse_size(args.segment_size)
     args.value_size = larder.parse_size(args.value_size)
+    if args.value_size % args.slices:
+        parser.error("--value-size must be a multiple of --slices")
     working_set = (larder.parse_size(args.working_set) if args.working_set
                    else min(args.segment_size // 2, 256 << 20))
     args.keys = max(args.batch, min(working_set // args.value_size, 65536))
@@ -154,7 +195,7 @@ def main():
     batch_bytes = args.batch * args.value_size
     print(f"batch_get_into, {args.batch} x {args.value_size} B per batch, {args.clients} clients, "
           f"protocol {args.protocol}, {args.keys} keys per client")
-    for api in ("larder.Store", "compat.mooncake"):
+    for api in args.apis:
         gbps = 0.0
         all_times, wrong, errors = [], 0, 0
         for _, r in reports:
@@ -166,7 +207,7 @@ def main():
         all_times.sort()
         p50 = statistics.median(all_times) * 1e6
         p99 = all_times[int(len(all_times) * 0.99)] * 1e6
-        print(f"  {api:<16} {gbps:7.2f} GB/s  ({gbps / args.clients:.2f} per client)  "
+        print(f"  {api:<8} {gbps:7.2f} GB/s  ({gbps / args.clients:.2f} per client)  "
               f"p50 {p50:7.0f} us  p99 {p99:7.0f} us  batches {len(all_times)}  "
               f"errors {errors}  wrong {wrong}")
     return 0

@@ -25,6 +25,20 @@ struct PyTransferResult {
   std::string route;
 };
 
+std::vector<PyTransferResult> ToPyResults(const std::vector<TransferResult>& results) {
+  std::vector<PyTransferResult> out;
+  out.reserve(results.size());
+  for (const TransferResult& r : results) {
+    out.push_back({ErrorObject(r.status), r.bytes, std::string(RouteKindName(r.route))});
+  }
+  return out;
+}
+
+// A request deadline: None gives 0, which the engine reads as its default_timeout.
+std::chrono::milliseconds RequestTimeout(py::handle timeout) {
+  return timeout.is_none() ? std::chrono::milliseconds(0) : ToMilliseconds(timeout, "timeout");
+}
+
 std::vector<std::string> RouteNames(const std::vector<RouteKind>& routes) {
   std::vector<std::string> names;
   for (RouteKind route : routes) names.emplace_back(RouteKindName(route));
@@ -101,8 +115,7 @@ class PyEngine {
                        py::handle length, py::handle timeout) {
     auto engine = Engine();
     ByteRange range = ByteRange::From(local, length, /*writable=*/op == TransferOp::kRead);
-    std::chrono::milliseconds deadline =
-        timeout.is_none() ? std::chrono::milliseconds(0) : ToMilliseconds(timeout, "timeout");
+    std::chrono::milliseconds deadline = RequestTimeout(timeout);
     TransferRequest request{op, range.data(), segment, offset, range.size()};
     auto results = ValueOrThrow(
         WithoutGil([&] { return engine->TransferSync(std::span(&request, 1), deadline); }));
@@ -113,16 +126,51 @@ class PyEngine {
   std::vector<PyTransferResult> Transfer(const std::vector<TransferRequest>& requests,
                                          py::handle timeout) {
     auto engine = Engine();
-    std::chrono::milliseconds deadline =
-        timeout.is_none() ? std::chrono::milliseconds(0) : ToMilliseconds(timeout, "timeout");
-    auto results =
-        ValueOrThrow(WithoutGil([&] { return engine->TransferSync(requests, deadline); }));
-    std::vector<PyTransferResult> out;
-    out.reserve(results.size());
-    for (const TransferResult& r : results) {
-      out.push_back({ErrorObject(r.status), r.bytes, std::string(RouteKindName(r.route))});
+    std::chrono::milliseconds deadline = RequestTimeout(timeout);
+    return ToPyResults(
+        ValueOrThrow(WithoutGil([&] { return engine->TransferSync(requests, deadline); })));
+  }
+
+  // ---- the asynchronous API: submit, then poll / wait, results, release ----
+
+  BatchId Submit(const std::vector<TransferRequest>& requests, py::handle timeout) {
+    auto engine = Engine();
+    std::chrono::milliseconds deadline = RequestTimeout(timeout);
+    return ValueOrThrow(WithoutGil([&] { return engine->Submit(requests, deadline); }));
+  }
+
+  bool Poll(BatchId batch) {
+    auto engine = Engine();
+    return ValueOrThrow(WithoutGil([&] { return engine->Poll(batch); }));
+  }
+
+  // Waits for the batch, then raises the first failed request's error, if any. With no timeout
+  // it waits in one-second steps (the requests' deadlines bound it) and lets Python signal
+  // handlers run between them, so Ctrl-C interrupts a wait.
+  void Wait(BatchId batch, py::handle timeout) {
+    auto engine = Engine();
+    if (timeout.is_none()) {
+      for (;;) {
+        Status waited = WithoutGil([&] { return engine->Wait(batch, std::chrono::seconds(1)); });
+        if (waited.ok()) break;
+        if (waited.code() != StatusCode::kDeadlineExceeded) throw StatusError(waited);
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      }
+    } else {
+      std::chrono::milliseconds limit = ToMilliseconds(timeout, "timeout");
+      ThrowIfError(WithoutGil([&] { return engine->Wait(batch, limit); }));
     }
-    return out;
+    ThrowIfError(engine->BatchStatus(batch));
+  }
+
+  std::vector<PyTransferResult> Results(BatchId batch) {
+    auto engine = Engine();
+    return ToPyResults(ValueOrThrow(engine->Results(batch)));
+  }
+
+  void Release(BatchId batch) {
+    auto engine = Engine();
+    ThrowIfError(WithoutGil([&] { return engine->Release(batch); }));
   }
 
  private:
@@ -190,6 +238,9 @@ Args:
     role: "standalone" or "store" (which protocol variable applies).
     copy_threads, slice_bytes, default_timeout (seconds), tcp_connections_per_peer,
     require_local_registration, use_huge_pages, shm_prefault: engine tuning.
+
+transfer(requests) moves a batch and waits for it; submit(requests) starts one and returns its id,
+to follow with poll / wait, results and release.
 
 Memory exported with register_segment(name, buffer_or_address) stays in the caller's hands and
 is reached by same-host peers over tcp; memory from allocate_segment_memory is a memfd that
@@ -419,6 +470,31 @@ void BindEngine(py::module_& module) {
            "Submits the TransferRequests as one batch and waits for all of them. Returns one "
            "TransferResult per request. Raises only when the batch as a whole is refused (empty "
            "or too large: InvalidArgumentError).")
+      .def("submit", &PyEngine::Submit, py::arg("requests"), py::kw_only(),
+           py::arg("timeout") = py::none(),
+           "Starts the TransferRequests as one batch and returns its id (a positive int) at once; "
+           "each request must finish within ``timeout`` seconds (default: the engine's "
+           "default_timeout). The local memory the requests name must stay valid and untouched "
+           "until the batch is complete. Malformed requests fail on their own (see results). "
+           "Raises InvalidArgumentError for an empty or oversized batch, "
+           "ResourceExhaustedError when 65536 batches are unreleased. Follow with poll or wait, "
+           "then results, then release.")
+      .def("poll", &PyEngine::Poll, py::arg("batch"),
+           "True when every request of the batch has finished. Does not block. Raises "
+           "NotFoundError for an unknown or released id.")
+      .def("wait", &PyEngine::Wait, py::arg("batch"), py::arg("timeout") = py::none(),
+           "Blocks until the batch is complete, at most ``timeout`` seconds (None: until its "
+           "requests end, which their deadlines bound). Returns None when every request "
+           "succeeded; raises the first failed request's error (its message names the request) "
+           "when one failed, DeadlineExceededError when ``timeout`` passed first (the batch keeps "
+           "running: poll tells which), NotFoundError for an unknown id. The batch stays until "
+           "release, whatever wait did.")
+      .def("results", &PyEngine::Results, py::arg("batch"),
+           "One TransferResult per request, in submission order. Raises "
+           "FailedPreconditionError while the batch is running, NotFoundError for an unknown id.")
+      .def("release", &PyEngine::Release, py::arg("batch"),
+           "Frees a complete batch; its id becomes unknown. Raises FailedPreconditionError while "
+           "it is running, NotFoundError for an unknown id.")
       .def("__repr__", [](const PyEngine& self) {
         if (self.closed()) return std::string("<larder.TransferEngine closed>");
         return "<larder.TransferEngine at " + self.Engine()->address() + ">";

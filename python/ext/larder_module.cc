@@ -13,6 +13,7 @@
 #include "common/env.h"
 #include "errors.h"
 #include "larder/transfer_engine.h"
+#include "value_buffer.h"
 
 namespace larder::python {
 
@@ -84,6 +85,7 @@ PYBIND11_MODULE(_larder, module) {
   module.doc() = "Larder's C++ core (StoreClient, TransferEngine); import it as `larder`.";
   larder::python::RegisterErrors(module);
   larder::python::BindHelpers(module);
+  larder::python::BindValueBuffer(module);
   larder::python::BindStore(module);
   larder::python::BindEngine(module);
 }

@@ -84,6 +84,7 @@ class Store:
         heartbeat_interval: Optional[Seconds] = None,
         rpc_timeout: Optional[Seconds] = None,
         transfer_timeout: Optional[Seconds] = None,
+        tenant_id: Optional[str] = None,
     ) -> None: ...
     def close(self) -> None: ...
     @property
@@ -103,6 +104,9 @@ class Store:
         replica_num: int = 0,
         preferred_segments: Optional[Sequence[str]] = None,
         pin: bool = False,
+        soft_pin: Union[None, bool, str] = None,
+        soft_pin_ttl: Optional[Seconds] = None,
+        overwrite: bool = False,
     ) -> None: ...
     def get(self, key: str) -> bytes: ...
     def batch_put(
@@ -113,8 +117,13 @@ class Store:
         replica_num: int = 0,
         preferred_segments: Optional[Sequence[str]] = None,
         pin: bool = False,
+        soft_pin: Union[None, bool, str] = None,
+        soft_pin_ttl: Optional[Seconds] = None,
+        overwrite: bool = False,
     ) -> List[Optional[LarderError]]: ...
     def batch_get(self, keys: Sequence[str]) -> List[Union[bytes, LarderError]]: ...
+    def batch_get_buffers(self, keys: Sequence[str]) -> List[Union["Buffer", LarderError]]: ...
+    def stats_json(self) -> str: ...
     # zero-copy API
     def register_buffer(
         self, buffer: Union[BufferLike, Address], size: Optional[int] = None
@@ -129,6 +138,9 @@ class Store:
         replica_num: int = 0,
         preferred_segments: Optional[Sequence[str]] = None,
         pin: bool = False,
+        soft_pin: Union[None, bool, str] = None,
+        soft_pin_ttl: Optional[Seconds] = None,
+        overwrite: bool = False,
     ) -> None: ...
     def get_into(
         self, key: str, buffer: Union[BufferLike, Address], size: Optional[int] = None
@@ -142,6 +154,9 @@ class Store:
         replica_num: int = 0,
         preferred_segments: Optional[Sequence[str]] = None,
         pin: bool = False,
+        soft_pin: Union[None, bool, str] = None,
+        soft_pin_ttl: Optional[Seconds] = None,
+        overwrite: bool = False,
     ) -> List[Optional[LarderError]]: ...
     def batch_get_into(
         self,
@@ -149,14 +164,71 @@ class Store:
         buffers: Sequence[Union[BufferLike, Address]],
         sizes: Optional[Sequence[int]] = None,
     ) -> List[Union[int, LarderError]]: ...
+    def batch_put_from_slices(
+        self,
+        keys: Sequence[str],
+        buffers: Sequence[Sequence[Union[BufferLike, Address]]],
+        sizes: Optional[Sequence[Sequence[int]]] = None,
+        *,
+        replica_num: int = 0,
+        preferred_segments: Optional[Sequence[str]] = None,
+        pin: bool = False,
+        soft_pin: Union[None, bool, str] = None,
+        soft_pin_ttl: Optional[Seconds] = None,
+        overwrite: bool = False,
+    ) -> List[Optional[LarderError]]: ...
+    def batch_get_into_slices(
+        self,
+        keys: Sequence[str],
+        buffers: Sequence[Sequence[Union[BufferLike, Address]]],
+        sizes: Optional[Sequence[Sequence[int]]] = None,
+    ) -> List[Union[int, LarderError]]: ...
+    def batch_get_ranges(
+        self,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        buffers: Sequence[Union[BufferLike, Address]],
+        sizes: Optional[Sequence[int]] = None,
+    ) -> List[Union[int, LarderError]]: ...
     # metadata
     def exist(self, key: str) -> bool: ...
     def batch_exist(self, keys: Sequence[str]) -> List[Union[bool, LarderError]]: ...
     def get_size(self, key: str) -> int: ...
-    def remove(self, key: str) -> None: ...
-    def batch_remove(self, keys: Sequence[str]) -> List[Optional[LarderError]]: ...
-    def remove_all(self) -> int: ...
+    def remove(self, key: str, *, force: bool = False) -> None: ...
+    def batch_remove(
+        self, keys: Sequence[str], *, force: bool = False
+    ) -> List[Optional[LarderError]]: ...
+    def remove_all(self, *, force: bool = False) -> int: ...
+    def remove_by_regex(self, pattern: str, *, force: bool = False) -> int: ...
+    def batch_get_object_info(
+        self, keys: Sequence[str]
+    ) -> List[Union["ObjectInfo", LarderError]]: ...
     def route_to(self, segment_name: str) -> str: ...
+
+class Buffer:
+    """A value read by Store.batch_get_buffers (buffer protocol: 1-D unsigned bytes)."""
+
+    def ptr(self) -> int: ...
+    def size(self) -> int: ...
+    @property
+    def address(self) -> int: ...
+    def __len__(self) -> int: ...
+
+class ReplicaInfo:
+    @property
+    def segment_name(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def endpoint(self) -> str: ...
+
+class ObjectInfo:
+    @property
+    def size(self) -> int: ...
+    @property
+    def replicas(self) -> List[ReplicaInfo]: ...
 
 class TransferOp:
     """Direction of a transfer request (READ = 0, WRITE = 1)."""
@@ -241,7 +313,7 @@ class TransferEngine:
         tcp_connections_per_peer: int = 4,
         require_local_registration: bool = False,
         use_huge_pages: bool = False,
-        shm_prefault: bool = True,
+        shm_prefault: bool = False,
     ) -> None: ...
     def close(self) -> None: ...
     @property
@@ -297,3 +369,12 @@ class TransferEngine:
     def transfer(
         self, requests: Iterable[TransferRequest], *, timeout: Optional[Seconds] = None
     ) -> List[TransferResult]: ...
+    # The asynchronous form of transfer: submit returns a batch id at once; poll or wait for it,
+    # then read its results and release it.
+    def submit(
+        self, requests: Iterable[TransferRequest], *, timeout: Optional[Seconds] = None
+    ) -> int: ...
+    def poll(self, batch: int) -> bool: ...
+    def wait(self, batch: int, timeout: Optional[Seconds] = None) -> None: ...
+    def results(self, batch: int) -> List[TransferResult]: ...
+    def release(self, batch: int) -> None: ...

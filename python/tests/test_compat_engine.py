@@ -1,15 +1,29 @@
 # Copyright Larder authors. Licensed under the Apache License, Version 2.0.
-"""larder.compat.mooncake.TransferEngine in one process (two engines); the two-process PD
-pattern is in test_pd.py."""
+"""larder.compat.mooncake.TransferEngine (``mooncake.engine``) and the asynchronous API of
+larder.TransferEngine under it: in one process (two engines), and against a peer process that is
+stopped or killed. The two-process PD patterns are in test_pd.py and test_consumer_pd.py."""
 
 import ctypes
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
 
+import larder
+import pd_workers
+from conftest import SHIM_DIR
 from larder.compat import mooncake as compat
+from larder.compat.mooncake import _config
 
 MB = 1 << 20
+INVALID = (1 << 64) - 1
+HINTS = ["", "rdma", "mnnvl", "shm", "nvlink", "gds", "io_uring", "tcp", "ascend",
+         "sunrise_link", "unspec"]
 
 
 @pytest.fixture
@@ -51,7 +65,7 @@ def test_initialize(te_module):
 
 
 def test_unknown_protocol_runs_as_auto(te_module, monkeypatch):
-    monkeypatch.setattr(compat, "_warned_protocols", set())
+    monkeypatch.setattr(_config, "_warned_protocols", set())
     engine = te_module.TransferEngine()
     with pytest.warns(RuntimeWarning, match="'rdma'"):
         assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
@@ -178,3 +192,386 @@ def test_managed_buffers(te_module):
     finally:
         prefill.close()
         decode.close()
+
+
+# ---- the asynchronous API of larder.TransferEngine --------------------------------------------
+
+
+def test_native_submit_poll_wait_results_release():
+    with larder.TransferEngine("tcp") as engine, larder.TransferEngine("tcp") as peer:
+        target = np.zeros(1 << 16, np.uint8)
+        peer.register_segment("kv", target)
+        handle = engine.open_segment(peer.address, "kv")
+        src = np.arange(1 << 12, dtype=np.uint8)
+        writes = [larder.TransferRequest("write", src.ctypes.data + i * 256, handle, i * 1024, 256)
+                  for i in range(16)]
+        batch = engine.submit(writes, timeout=5)
+        assert batch > 0
+        engine.wait(batch, 5)
+        assert engine.poll(batch)
+        results = engine.results(batch)
+        assert len(results) == 16 and all(r.ok and r.bytes == 256 for r in results)
+        assert all(np.array_equal(target[i * 1024:i * 1024 + 256], src[i * 256:(i + 1) * 256])
+                   for i in range(16))
+        engine.release(batch)
+        for call in (engine.poll, engine.results, engine.release, lambda b: engine.wait(b, 1)):
+            with pytest.raises(larder.NotFoundError):
+                call(batch)
+        # one bad request: wait raises its error, results tell which, release still frees it
+        out = np.zeros(64, np.uint8)
+        reads = [larder.TransferRequest("read", out.ctypes.data, handle, 0, 64),
+                 larder.TransferRequest("read", out.ctypes.data, handle, 1 << 16, 64)]
+        batch = engine.submit(reads)
+        with pytest.raises(larder.OutOfRangeError, match="request 1"):
+            engine.wait(batch)
+        results = engine.results(batch)
+        assert results[0].ok and isinstance(results[1].error, larder.OutOfRangeError)
+        assert np.array_equal(out, src[:64])
+        engine.release(batch)
+        with pytest.raises(larder.InvalidArgumentError):
+            engine.submit([])
+        with pytest.raises(larder.InvalidArgumentError):
+            engine.wait(12345, -1)
+    with pytest.raises(larder.FailedPreconditionError):
+        engine.submit(writes)
+    with pytest.raises(larder.FailedPreconditionError):
+        engine.poll(1)
+
+
+@pytest.fixture
+def remote_peer():
+    """A peer process exporting 1 MiB of application memory over tcp: (process, info)."""
+    ctx = multiprocessing.get_context("spawn")
+    to_test, from_test = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=pd_workers.peer_worker,
+                       args=(str(SHIM_DIR), "tcp", MB, to_test, from_test))
+    proc.start()
+    info = to_test.get(timeout=120)
+    assert "error" not in info, info
+    yield proc, info
+    if proc.is_alive():
+        os.kill(proc.pid, signal.SIGCONT)
+        from_test.put({"stop": True})
+        proc.join(timeout=30)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
+def test_native_wait_on_a_stopped_peer(remote_peer):
+    """A peer that stops answering (SIGSTOP): the batch runs until its requests' deadline, wait
+    with a timeout raises DeadlineExceededError meanwhile, and the blocking wait releases the
+    GIL."""
+    proc, info = remote_peer
+    with larder.TransferEngine("tcp") as engine:
+        handle = engine.open_segment(info["session"], f"mem@0x{info['base']:x}")
+        local = np.ones(4096, np.uint8)
+        assert engine.write(handle, 0, local) == 4096  # connections are up
+        os.kill(proc.pid, signal.SIGSTOP)
+        batch = engine.submit([larder.TransferRequest("write", local.ctypes.data, handle, 0,
+                                                      4096)], timeout=1)
+        assert not engine.poll(batch)
+        with pytest.raises(larder.DeadlineExceededError, match="still running"):
+            engine.wait(batch, 0.05)
+        with pytest.raises(larder.FailedPreconditionError):
+            engine.results(batch)
+        with pytest.raises(larder.FailedPreconditionError):
+            engine.release(batch)
+        errors, ticks = [], []
+
+        def waiter():
+            try:
+                engine.wait(batch)
+            except larder.LarderError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        while t.is_alive():
+            ticks.append(1)
+            time.sleep(0.001)
+        t.join()
+        assert len(ticks) > 100
+        assert len(errors) == 1 and isinstance(errors[0], larder.DeadlineExceededError)
+        assert engine.poll(batch)
+        assert isinstance(engine.results(batch)[0].error, larder.DeadlineExceededError)
+        engine.release(batch)
+
+
+# ---- mooncake.engine: the asynchronous calls --------------------------------------------------
+
+
+def test_batch_transfer_async(te_module, pair):
+    prefill, decode = pair
+    remote = np.zeros(4 * MB, np.uint8)
+    base = remote.ctypes.data
+    assert prefill.register_memory(base, remote.nbytes) == 0
+    target = session(prefill)
+    n, block = 16, 64 * 1024
+    local = (np.arange(n * block) % 251).astype(np.uint8)
+    srcs = [local.ctypes.data + i * block for i in range(n)]
+    peers = [base + (n - 1 - i) * block for i in range(n)]
+    batch = decode.batch_transfer_async_write(target, srcs, peers, [block] * n)
+    assert 0 < batch < INVALID
+    assert decode.get_batch_transfer_status([batch]) == 0
+    for i in range(n):
+        j = n - 1 - i
+        assert np.array_equal(remote[j * block:(j + 1) * block], local[i * block:(i + 1) * block])
+    assert decode.get_batch_transfer_status([batch]) == -1  # freed
+    back = np.zeros(n * block, np.uint8)
+    dsts = [back.ctypes.data + i * block for i in range(n)]
+    ids = [decode.batch_transfer_async_read(target, dsts[:8], peers[:8], [block] * 8),
+           decode.batch_transfer_async(target, dsts[8:], peers[8:], [block] * 8,
+                                       te_module.TransferOpcode.Read, transport_hint="tcp")]
+    assert len(set(ids)) == 2 and all(0 < i < INVALID for i in ids)
+    assert decode.get_batch_transfer_status(ids) == 0
+    assert np.array_equal(back, local)
+    assert decode.get_batch_transfer_status([]) == 0
+    # transfer_submit_write / transfer_check_status
+    batch = decode.transfer_submit_write(target, local.ctypes.data, base + 3 * MB, block)
+    assert 0 < batch < INVALID
+    assert wait_status(decode, batch) == 1
+    assert np.array_equal(remote[3 * MB:3 * MB + block], local[:block])
+    assert decode.transfer_check_status(batch) == -1  # freed
+
+
+def wait_status(engine, batch, timeout=60.0):
+    """transfer_check_status until it is no longer 0 (pending)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = engine.transfer_check_status(batch)
+        if status != 0:
+            return status
+        time.sleep(0.005)
+    pytest.fail(f"batch {batch} still pending after {timeout} s")
+
+
+def test_batch_transfer_async_rejects_bad_input(te_module, pair):
+    prefill, decode = pair
+    remote = np.zeros(MB, np.uint8)
+    base = remote.ctypes.data
+    assert prefill.register_memory(base, remote.nbytes) == 0
+    target = session(prefill)
+    local_buffer = np.ones(4096, np.uint8)  # kept alive: the engine reads it
+    local = local_buffer.ctypes.data
+    write = decode.batch_transfer_async_write
+    assert write(target, [local, local], [base], [16, 16]) == 0  # list lengths differ
+    assert write(target, [local], [base], [16, 16]) == 0
+    assert write(target, [], [], []) == 0
+    assert write(target, [0], [base], [16]) == 0
+    assert write(target, [local], [base], [0]) == 0
+    assert write(target, [local], [base + MB - 8], [16]) == 0  # outside the peer's buffer
+    assert decode.batch_transfer_async(target, [local], [base], [16], 7) == 0
+    assert write("127.0.0.1:1", [local], [base], [16]) == INVALID  # unreachable
+    assert decode.transfer_submit_write(target, local, base - 4096, 16) == INVALID
+    assert decode.transfer_submit_write("127.0.0.1:1", local, base, 16) == INVALID
+    assert not remote.any()
+    for unknown in (0, INVALID, 12345):
+        assert decode.get_batch_transfer_status([unknown]) == -1
+        assert decode.transfer_check_status(unknown) == -1
+    # an unknown id fails the call, the valid ids in it are still waited for and freed
+    batch = write(target, [local], [base], [16])
+    assert decode.get_batch_transfer_status([batch, 12345]) == -1
+    assert (remote[:16] == 1).all()
+    assert decode.transfer_check_status(batch) == -1
+    # batches of an engine that initialize replaced are gone
+    batch = write(target, [local], [base], [16])
+    assert decode.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert decode.get_batch_transfer_status([batch]) == -1
+
+
+def test_transport_hints(te_module, pair):
+    prefill, decode = pair
+    remote = np.zeros(MB, np.uint8)
+    base = remote.ctypes.data
+    assert prefill.register_memory(base, remote.nbytes) == 0
+    target = session(prefill)
+    local_buffer = np.full(4096, 9, np.uint8)  # kept alive: the engine reads it
+    local = local_buffer.ctypes.data
+    write, read = te_module.TransferOpcode.Write, te_module.TransferOpcode.Read
+    calls = [
+        lambda h: decode.transfer_sync_write(target, local, base, 16, h),
+        lambda h: decode.transfer_sync_read(target, local, base, 16, transport_hint=h),
+        lambda h: decode.transfer_sync(target, local, base, 16, write, transport_hint=h),
+        lambda h: decode.batch_transfer_sync_write(target, [local], [base], [16], h),
+        lambda h: decode.batch_transfer_sync_read(target, [local], [base], [16], h),
+        lambda h: decode.batch_transfer_sync(target, [local], [base], [16], read, None, h),
+        lambda h: decode.get_batch_transfer_status(
+            [decode.batch_transfer_async_write(target, [local], [base], [16], h)]),
+        lambda h: decode.get_batch_transfer_status(
+            [decode.batch_transfer_async_read(target, [local], [base], [16], h)]),
+        lambda h: decode.get_batch_transfer_status(
+            [decode.batch_transfer_async(target, [local], [base], [16], write, h)]),
+        lambda h: wait_status(decode, decode.transfer_submit_write(target, local, base, 16, h))
+        - 1,
+    ]
+    for call in calls:
+        for hint in HINTS:  # advisory: the engine picks the route
+            assert call(hint) == 0, hint
+        for bad in ("infiniband", "efa", None, 3):
+            with pytest.raises(ValueError, match="transport hint"):
+                call(bad)
+    with pytest.raises(ValueError):
+        te_module.TransferEngine().transfer_sync_write(target, local, base, 16, "efa")
+
+
+def test_calls_before_initialize(te_module):
+    engine = te_module.TransferEngine()
+    local_buffer = np.zeros(64, np.uint8)  # kept alive: the engine reads it
+    local = local_buffer.ctypes.data
+    assert engine.batch_transfer_async_write("127.0.0.1:1", [local], [local], [16]) == 0
+    assert engine.batch_transfer_async_read("127.0.0.1:1", [local], [local], [16]) == 0
+    assert engine.transfer_submit_write("127.0.0.1:1", local, local, 16) == INVALID
+    assert engine.get_batch_transfer_status([1]) == -1
+    assert engine.transfer_check_status(1) == -1
+    assert engine.send_probe("127.0.0.1:1") == -1
+    assert engine.register_memory(local, 64, "cpu:0") == -1
+    assert engine.batch_register_memory([local], [64], location="*") == -1
+    assert engine.release_remote_segment("127.0.0.1:1") == 0
+    assert engine.get_notifies() == []
+    assert engine.warmup_efa_segment("127.0.0.1:1") == 0
+    assert isinstance(engine.get_engine(), te_module.InnerTransferEngine)
+    assert json.loads(engine.get_local_topology())
+
+
+def test_module_surface(te_module, shim_path, master):
+    for flag in ("SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK",
+                 "SUPPORT_CUDA"):
+        assert getattr(te_module, flag) is False
+    assert te_module.TransferEngine.TransferOpcode is te_module.TransferOpcode
+    assert (int(te_module.TransferOpcode.Read), int(te_module.TransferOpcode.Write)) == (0, 1)
+    notify = te_module.TransferNotify()
+    assert (notify.name, notify.msg) == ("", "")
+    notify = te_module.TransferNotify("peer", "done")
+    notify.msg = "again"
+    assert (notify.name, notify.msg) == ("peer", "again")
+    engine = make_engine(te_module)
+    try:
+        inner = engine.get_engine()
+        assert type(inner) is te_module.InnerTransferEngine
+        assert not isinstance(inner, te_module.TransferEngine)
+        assert engine.get_engine_ptr() == 0
+        topology = json.loads(engine.get_local_topology())
+        assert topology and all(k.startswith("cpu:") and v == [[], []]
+                                for k, v in topology.items())
+        assert json.loads(engine.get_local_topology("mlx5_0")) == topology
+        assert engine.get_notifies() == []
+        assert engine.warmup_efa_segment(session(engine)) == 0
+        # the store accepts the inner engine (and uses its own)
+        from mooncake.store import MooncakeDistributedStore
+
+        store = MooncakeDistributedStore()
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "",
+                           master.address, inner) == 0
+        store.close()
+    finally:
+        engine.close()
+
+
+def test_notify_is_accepted(te_module, pair):
+    prefill, decode = pair
+    remote = np.zeros(MB, np.uint8)
+    assert prefill.register_memory(remote.ctypes.data, remote.nbytes) == 0
+    local = np.full(256, 3, np.uint8)
+    target = session(prefill)
+    notify = te_module.TransferNotify(target, "kv ready")
+    assert decode.transfer_sync(target, local.ctypes.data, remote.ctypes.data, 256,
+                                te_module.TransferOpcode.Write, notify) == 0
+    assert decode.batch_transfer_sync(target, [local.ctypes.data], [remote.ctypes.data + 256],
+                                      [256], te_module.TransferOpcode.Write, notify=notify) == 0
+    assert (remote[:512] == 3).all()
+    assert prefill.get_notifies() == [] and decode.get_notifies() == []
+
+
+def test_register_memory_location_and_managed_ranges(te_module, pair):
+    prefill, decode = pair
+    buf = np.zeros(MB, np.uint8)
+    assert prefill.register_memory(buf.ctypes.data, MB, "cpu:0") == 0
+    assert prefill.batch_register_memory([buf.ctypes.data + 1], [10], "*") == -1  # overlaps
+    assert prefill.unregister_memory(buf.ctypes.data) == 0
+    # memory from allocate_managed_buffer is exported already: registering a range of it (as
+    # SGLang and vLLM do with every pool) succeeds and changes nothing
+    managed = prefill.allocate_managed_buffer(MB)
+    assert prefill.batch_register_memory([managed, managed + 4096], [MB, 4096]) == 0
+    assert prefill.register_memory(managed + MB - 16, 4096) == -1  # runs past its end
+    assert prefill.batch_unregister_memory([managed, managed + 4096]) == 0
+    local = np.full(64, 7, np.uint8)
+    assert decode.transfer_sync_write(session(prefill), local.ctypes.data, managed, 64) == 0
+    assert ctypes.string_at(managed, 64) == local.tobytes()
+    assert prefill.free_managed_buffer(managed, MB) == 0
+
+
+def test_send_probe_and_release_remote_segment(te_module, pair):
+    prefill, decode = pair
+    a, b = np.zeros(MB, np.uint8), np.zeros(MB, np.uint8)
+    assert prefill.batch_register_memory([a.ctypes.data, b.ctypes.data], [MB, MB]) == 0
+    target = session(prefill)
+    assert decode.send_probe(target) == 0
+    assert decode.send_probe("127.0.0.1:1") != 0
+    assert decode.send_probe("not an address") != 0
+    local_buffer = np.full(64, 1, np.uint8)  # kept alive: the engine reads it
+    local = local_buffer.ctypes.data
+    assert decode.release_remote_segment(target) == 0  # nothing cached yet
+    assert decode.batch_transfer_sync_write(target, [local, local], [a.ctypes.data, b.ctypes.data],
+                                            [64, 64]) == 0
+    assert decode.release_remote_segment(target) == 2
+    assert decode.release_remote_segment(target) == 0
+    assert decode.transfer_sync_write(target, local, b.ctypes.data + 64, 64) == 0
+    assert decode.release_remote_segment(target) == 1
+    assert (a[:64] == 1).all() and (b[:128] == 1).all()
+
+
+def test_dead_peer(te_module, pair, remote_peer):
+    """A peer process that dies: transfers to it fail (-1) and the engine keeps working."""
+    proc, info = remote_peer
+    prefill, decode = pair
+    dead, base = info["session"], info["base"]
+    local = (np.arange(4096) % 199).astype(np.uint8)
+    back = np.zeros(4096, np.uint8)
+    assert decode.transfer_sync_write(dead, local.ctypes.data, base, 4096) == 0
+    batch = decode.batch_transfer_async_read(dead, [back.ctypes.data], [base], [4096])
+    assert decode.get_batch_transfer_status([batch]) == 0
+    assert np.array_equal(back, local)
+    assert decode.send_probe(dead) == 0
+    proc.kill()
+    proc.join()
+    assert decode.transfer_sync_write(dead, local.ctypes.data, base, 4096) == -1
+    assert decode.batch_transfer_sync_read(dead, [back.ctypes.data], [base], [16]) == -1
+    batch = decode.batch_transfer_async_write(dead, [local.ctypes.data], [base], [4096])
+    assert batch == INVALID or decode.get_batch_transfer_status([batch]) == -1
+    batch = decode.transfer_submit_write(dead, local.ctypes.data, base, 4096)
+    assert batch == INVALID or wait_status(decode, batch) == -1
+    assert decode.send_probe(dead) != 0
+    # the engine still serves live peers
+    remote = np.zeros(MB, np.uint8)
+    assert prefill.register_memory(remote.ctypes.data, MB) == 0
+    alive = session(prefill)
+    assert decode.transfer_sync_write(alive, local.ctypes.data, remote.ctypes.data, 4096) == 0
+    batch = decode.batch_transfer_async_write(alive, [local.ctypes.data],
+                                              [remote.ctypes.data + 4096], [4096])
+    assert decode.get_batch_transfer_status([batch]) == 0
+    assert np.array_equal(remote[:4096], local) and np.array_equal(remote[4096:8192], local)
+
+
+def test_timed_out_transfers(te_module, remote_peer, monkeypatch):
+    """A peer that stops answering: transfers end at Mooncake's deadline (MC_TRANSFER_TIMEOUT,
+    at least 5 s): transfer_check_status says -2, get_batch_transfer_status -1."""
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "1")  # raised to Mooncake's minimum, 5 s
+    proc, info = remote_peer
+    engine = make_engine(te_module)
+    try:
+        target, base = info["session"], info["base"]
+        local_buffer = np.ones(4096, np.uint8)  # kept alive: the engine reads it
+        local = local_buffer.ctypes.data
+        assert engine.transfer_sync_write(target, local, base, 4096) == 0
+        os.kill(proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        single = engine.transfer_submit_write(target, local, base, 4096)
+        batch = engine.batch_transfer_async_write(target, [local], [base + 4096], [4096])
+        assert engine.transfer_check_status(single) == 0
+        assert engine.get_batch_transfer_status([batch]) == -1
+        assert wait_status(engine, single) == -2
+        assert time.monotonic() - start >= 4.5
+        assert engine.transfer_check_status(single) == -1  # freed
+    finally:
+        engine.close()

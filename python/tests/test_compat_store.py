@@ -9,26 +9,17 @@ import numpy as np
 import pytest
 
 import larder
+from conftest import INVALID, NOT_FOUND, setup_mooncake_store
 from larder.compat import mooncake as compat
+from workers import MB
 
-NOT_FOUND = -704
-INVALID = -600
 RPC_FAIL = -900
 INTERNAL = -1
-MB = 1 << 20
-
-
-@pytest.fixture
-def mooncake_store(shim_path):
-    from mooncake import store as module
-
-    return module
 
 
 @pytest.fixture
 def mc(mooncake_store, master):
-    s = mooncake_store.MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 32 * MB, 16 * MB, "tcp", "", master.address) == 0
+    s = setup_mooncake_store(mooncake_store, master.address)
     yield s
     s.close()
 
@@ -76,7 +67,7 @@ def test_setup_unknown_keyword_is_a_type_error(mooncake_store, master):
     with pytest.raises(TypeError):
         mooncake_store.MooncakeDistributedStore().setup(
             "127.0.0.1", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "", master.address,
-            enable_ssd_offload=True)
+            enable_telepathy=True)
 
 
 def test_setup_from_environment(mooncake_store, master, monkeypatch, tmp_path):
@@ -119,7 +110,7 @@ def test_larder_store_ignores_mooncake_environment(master, monkeypatch):
 
 
 def test_unknown_protocol_maps_to_auto_with_one_warning(mooncake_store, master, monkeypatch):
-    monkeypatch.setattr(compat, "_warned_protocols", set())
+    monkeypatch.setattr(compat._config, "_warned_protocols", set())
     with pytest.warns(RuntimeWarning, match="'rdma'"):
         assert compat.map_protocol("rdma") == "auto"
     with warnings.catch_warnings():
@@ -144,13 +135,25 @@ def test_setup_failures(mooncake_store):
 
 def test_calls_before_setup(mooncake_store):
     s = mooncake_store.MooncakeDistributedStore()
-    assert s.put("k", b"v") == INTERNAL
+    # Mooncake's binding answers INVALID_PARAMS before setup.
+    assert s.put("k", b"v") == INVALID
+    assert s.upsert("k", b"v") == INVALID
     assert s.get("k") == b""
+    assert s.get_buffer("k") is None
+    assert s.batch_get_buffer(["a", "b"]) == [None, None]
     assert s.get_batch(["a", "b"]) == [b"", b""]
-    assert s.is_exist("k") == -1
-    assert s.batch_is_exist(["a", "b"]) == [-1, -1]
-    assert s.batch_get_into(["a"], [1 << 20], [16]) == [INTERNAL]
-    assert s.remove_all() == -1
+    assert s.is_exist("k") == INVALID
+    assert s.batch_is_exist(["a", "b"]) == [INVALID, INVALID]
+    assert s.batch_get_into(["a"], [1 << 20], [16]) == [INVALID]
+    assert s.batch_put_from_multi_buffers(["a"], [[1 << 20]], [[16]]) == [INVALID]
+    assert s.get_replica_desc("k") == []
+    assert s.batch_get_replica_desc(["k"]) == {}
+    assert s.batch_replica_clear(["k"]) == []
+    assert s.remove("k", force=True) == INVALID
+    assert s.remove_by_regex(".*") == INVALID
+    assert s.remove_all() == INVALID
+    assert s.health_check() == 1
+    assert s.get_hostname() == ""
     assert s.close() == 0
 
 
@@ -279,7 +282,7 @@ def test_exist_size_remove(mooncake_store, fresh_master):
     assert s.remove_all() == 1
     assert s.batch_is_exist([]) == []
     assert s.close() == 0
-    assert s.put("m/e", b"v") == INTERNAL  # closed
+    assert s.put("m/e", b"v") == INVALID  # closed
 
 
 def test_master_down(mooncake_store, fresh_master):
@@ -292,14 +295,15 @@ def test_master_down(mooncake_store, fresh_master):
     fresh_master.stop()
     assert s.put("d/b", b"v") == RPC_FAIL
     assert s.get("d/a") == b""
-    assert s.is_exist("d/a") == -1
-    assert s.batch_is_exist(["d/a", "d/b"]) == [-1, -1]
+    assert s.health_check() == 2
+    assert s.is_exist("d/a") == RPC_FAIL
+    assert s.batch_is_exist(["d/a", "d/b"]) == [RPC_FAIL, RPC_FAIL]
     assert s.get_size("d/a") == RPC_FAIL
     assert s.get_into("d/a", pool.ctypes.data, 4096) == RPC_FAIL
     assert s.batch_get_into(["d/a"], [pool.ctypes.data], [4096]) == [RPC_FAIL]
     assert s.batch_put_from(["d/c"], [pool.ctypes.data], [16]) == [RPC_FAIL]
     assert s.remove("d/a") == RPC_FAIL
-    assert s.remove_all() == -1
+    assert s.remove_all() == RPC_FAIL
     assert s.close() == 0
 
 

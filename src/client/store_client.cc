@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "client/master_client.h"
+#include "client/store_client_internal.h"
 #include "common/env.h"
 #include "common/logging.h"
 
@@ -30,6 +31,7 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
   set_string("LARDER_TLS_CERT", &options.tls_cert_file);
   set_string("LARDER_TLS_KEY", &options.tls_key_file);
   set_string("LARDER_HOST_ID", &options.host_id);
+  set_string("LARDER_TENANT", &options.tenant_id);
   for (auto [name, field] : {std::pair{"LARDER_GLOBAL_SEGMENT_SIZE", &options.global_segment_size},
                              std::pair{"LARDER_LOCAL_BUFFER_SIZE", &options.local_buffer_size}}) {
     std::string value = GetEnv(name);
@@ -85,6 +87,52 @@ int RouteRank(RouteKind route) {
       return 2;
   }
 }
+
+// The key the master stores for `key` of `tenant`: tenants' keys are "\0" + tenant + "\0" + key,
+// and a default-tenant key that starts with a NUL byte is stored as if of tenant "" ("\0\0" +
+// key), so that no key of one tenant can name a key of another (proto/master.proto).
+std::string ScopedKey(const std::string& tenant, std::string_view key) {
+  if (tenant.empty() && !key.starts_with('\0')) return std::string(key);
+  std::string scoped;
+  scoped.reserve(tenant.size() + 2 + key.size());
+  scoped.push_back('\0');
+  scoped += tenant;
+  scoped.push_back('\0');
+  scoped += key;
+  return scoped;
+}
+
+Status ValidateTenant(const std::string& tenant) {
+  if (tenant.size() > 128) {
+    return InvalidArgumentError("tenant_id has " + std::to_string(tenant.size()) +
+                                " bytes; at most 128");
+  }
+  if (tenant.find('\0') != std::string::npos) {
+    return InvalidArgumentError("tenant_id contains a NUL byte");
+  }
+  return Status::Ok();
+}
+
+// Part of an object's bytes in caller memory: [dst, dst + size) holds bytes
+// [offset, offset + size) of the value.
+struct Fragment {
+  void* dst = nullptr;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// One BufferSlice per key, as the single-buffer calls pass them.
+struct SingleSlices {
+  SingleSlices(std::span<const void* const> ptrs, std::span<const size_t> sizes) {
+    slices.reserve(ptrs.size());
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      slices.push_back(BufferSlice{const_cast<void*>(ptrs[i]), sizes[i]});
+    }
+    for (const BufferSlice& slice : slices) pieces.emplace_back(&slice, 1);
+  }
+  std::vector<BufferSlice> slices;
+  std::vector<std::span<const BufferSlice>> pieces;
+};
 
 struct OpenedSegment {
   SegmentHandle handle = 0;
@@ -190,9 +238,9 @@ class StoreClientImpl final : public StoreClient {
   Status Put(std::string_view key, std::span<const std::byte> value,
              const PutConfig& config) override {
     std::string k(key);
-    const void* ptr = value.data();
-    size_t size = value.size();
-    return PutImpl(std::span(&k, 1), std::span(&ptr, 1), std::span(&size, 1), config)[0];
+    BufferSlice slice{const_cast<std::byte*>(value.data()), value.size()};
+    std::span<const BufferSlice> piece(&slice, 1);
+    return PutImpl(std::span(&k, 1), std::span(&piece, 1), config)[0];
   }
 
   Result<std::string> Get(std::string_view key) override {
@@ -210,25 +258,19 @@ class StoreClientImpl final : public StoreClient {
       ptrs.push_back(value.data());
       sizes.push_back(value.size());
     }
-    return PutImpl(keys, ptrs, sizes, config);
+    SingleSlices single(ptrs, sizes);
+    return PutImpl(keys, single.pieces, config);
   }
 
   std::vector<Result<std::string>> BatchGet(std::span<const std::string> keys) override {
     std::vector<std::string> values(keys.size());
-    std::vector<Status> statuses = GetImpl(keys, [&](size_t i, uint64_t size) -> Result<void*> {
-      values[i].resize(size);
-      return static_cast<void*>(values[i].data());
-    });
-    std::vector<Result<std::string>> results;
-    results.reserve(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (statuses[i].ok()) {
-        results.emplace_back(std::move(values[i]));
-      } else {
-        results.emplace_back(statuses[i]);
-      }
-    }
-    return results;
+    std::vector<Status> statuses =
+        GetImpl(keys, [&](size_t i, uint64_t size, std::vector<Fragment>* out) {
+          values[i].resize(size);
+          out->push_back(Fragment{values[i].data(), 0, size});
+          return Status::Ok();
+        });
+    return client::ValuesOrErrors<std::string>(statuses, std::move(values));
   }
 
   // ---- zero-copy API ----
@@ -238,11 +280,7 @@ class StoreClientImpl final : public StoreClient {
     auto begin = reinterpret_cast<uintptr_t>(ptr);
     {
       std::unique_lock lock(buffers_mu_);
-      auto next = buffers_.lower_bound(begin);
-      bool overlaps =
-          (next != buffers_.end() && next->first < begin + size) ||
-          (next != buffers_.begin() && std::prev(next)->first + std::prev(next)->second > begin);
-      if (overlaps) {
+      if (client::OverlapsRange(buffers_, begin, size)) {
         return InvalidArgumentError("RegisterBuffer: [" + FormatHex(begin) + ", +" +
                                     std::to_string(size) + ") overlaps a registered buffer");
       }
@@ -286,27 +324,17 @@ class StoreClientImpl final : public StoreClient {
     if (keys.size() != ptrs.size() || keys.size() != sizes.size()) {
       return MismatchedStatuses(keys.size());
     }
-    std::vector<Status> results(keys.size());
-    std::vector<size_t> valid;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      results[i] = CheckRegistered(ptrs[i], sizes[i]);
-      if (results[i].ok()) valid.push_back(i);
-    }
-    if (valid.size() == keys.size()) {
-      std::vector<const void*> srcs(ptrs.begin(), ptrs.end());
-      return PutImpl(keys, srcs, sizes, config);
-    }
-    std::vector<std::string> sub_keys;
-    std::vector<const void*> sub_ptrs;
-    std::vector<size_t> sub_sizes;
-    for (size_t i : valid) {
-      sub_keys.push_back(keys[i]);
-      sub_ptrs.push_back(ptrs[i]);
-      sub_sizes.push_back(sizes[i]);
-    }
-    std::vector<Status> sub = PutImpl(sub_keys, sub_ptrs, sub_sizes, config);
-    for (size_t j = 0; j < valid.size(); ++j) results[valid[j]] = sub[j];
-    return results;
+    std::vector<const void*> srcs(ptrs.begin(), ptrs.end());
+    SingleSlices single(srcs, sizes);
+    return PutRegistered(keys, single.pieces, config);
+  }
+
+  std::vector<Status> BatchPutFromSlices(std::span<const std::string> keys,
+                                         std::span<const std::vector<BufferSlice>> slices,
+                                         const PutConfig& config) override {
+    if (keys.size() != slices.size()) return MismatchedStatuses(keys.size());
+    std::vector<std::span<const BufferSlice>> pieces(slices.begin(), slices.end());
+    return PutRegistered(keys, pieces, config);
   }
 
   std::vector<Result<size_t>> BatchGetInto(std::span<const std::string> keys,
@@ -318,20 +346,106 @@ class StoreClientImpl final : public StoreClient {
       return results;
     }
     std::vector<uint64_t> sizes(keys.size(), 0);
-    std::vector<Status> statuses = GetImpl(keys, [&](size_t i, uint64_t size) -> Result<void*> {
+    std::vector<Status> statuses = GetImpl(keys, [&](size_t i, uint64_t size,
+                                                     std::vector<Fragment>* out) {
       if (size > capacities[i]) {
         return InvalidArgumentError("value of key '" + keys[i] + "' has " + std::to_string(size) +
                                     " bytes; the buffer holds " + std::to_string(capacities[i]));
       }
       LARDER_RETURN_IF_ERROR(CheckRegistered(ptrs[i], capacities[i]));
       sizes[i] = size;
-      return ptrs[i];
+      out->push_back(Fragment{ptrs[i], 0, size});
+      return Status::Ok();
     });
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (statuses[i].ok()) {
-        results.emplace_back(static_cast<size_t>(sizes[i]));
+    return client::ValuesOrErrors<size_t>(statuses, std::move(sizes));
+  }
+
+  std::vector<Result<size_t>> BatchGetAllocated(std::span<const std::string> keys,
+                                                const Allocator& allocate) override {
+    std::vector<uint64_t> sizes(keys.size(), 0);
+    std::vector<Status> statuses =
+        GetImpl(keys, [&](size_t i, uint64_t size, std::vector<Fragment>* out) {
+          LARDER_ASSIGN_OR_RETURN(void* dst, allocate(i, size));
+          sizes[i] = size;
+          out->push_back(Fragment{dst, 0, size});
+          return Status::Ok();
+        });
+    return client::ValuesOrErrors<size_t>(statuses, std::move(sizes));
+  }
+
+  std::vector<Result<size_t>> BatchGetIntoSlices(
+      std::span<const std::string> keys,
+      std::span<const std::vector<BufferSlice>> slices) override {
+    if (keys.size() != slices.size()) {
+      std::vector<Status> mismatched = MismatchedStatuses(keys.size());
+      return client::ValuesOrErrors<size_t>(mismatched, std::vector<uint64_t>(keys.size()));
+    }
+    std::vector<uint64_t> sizes(keys.size(), 0);
+    std::vector<Status> statuses =
+        GetImpl(keys, [&](size_t i, uint64_t size, std::vector<Fragment>* out) {
+          uint64_t capacity = 0;
+          for (const BufferSlice& slice : slices[i]) {
+            LARDER_RETURN_IF_ERROR(CheckRegistered(slice.ptr, slice.size));
+            capacity += slice.size;
+          }
+          if (size > capacity) {
+            return InvalidArgumentError(
+                "value of key '" + keys[i] + "' has " + std::to_string(size) + " bytes; its " +
+                std::to_string(slices[i].size()) + " buffers hold " + std::to_string(capacity));
+          }
+          uint64_t offset = 0;
+          for (const BufferSlice& slice : slices[i]) {
+            if (offset == size) break;
+            uint64_t n = std::min<uint64_t>(slice.size, size - offset);
+            if (n > 0) out->push_back(Fragment{slice.ptr, offset, n});
+            offset += n;
+          }
+          sizes[i] = size;
+          return Status::Ok();
+        });
+    return client::ValuesOrErrors<size_t>(statuses, std::move(sizes));
+  }
+
+  std::vector<Result<size_t>> BatchGetRanges(std::span<const ObjectRange> ranges) override {
+    // The distinct keys, and for each the ranges to read from it.
+    std::vector<std::string> keys;
+    std::unordered_map<std::string_view, size_t> key_index;
+    std::vector<std::vector<size_t>> ranges_of;
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      auto [it, inserted] = key_index.emplace(ranges[r].key, keys.size());
+      if (inserted) {
+        keys.push_back(ranges[r].key);
+        ranges_of.emplace_back();
+      }
+      ranges_of[it->second].push_back(r);
+    }
+    std::vector<Status> range_status(ranges.size());
+    std::vector<Status> statuses = GetImpl(keys, [&](size_t i, uint64_t size,
+                                                     std::vector<Fragment>* out) {
+      for (size_t r : ranges_of[i]) {
+        const ObjectRange& range = ranges[r];
+        if (range.offset > size || range.size > size - range.offset) {
+          range_status[r] = OutOfRangeError("range [" + std::to_string(range.offset) + ", +" +
+                                            std::to_string(range.size) + ") of key '" + range.key +
+                                            "' runs past its " + std::to_string(size) + " bytes");
+        } else if (Status registered = CheckRegistered(range.ptr, range.size); !registered.ok()) {
+          range_status[r] = registered;
+        } else if (range.size > 0) {
+          out->push_back(Fragment{range.ptr, range.offset, range.size});
+        }
+      }
+      return Status::Ok();
+    });
+    std::vector<Result<size_t>> results;
+    results.reserve(ranges.size());
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      const Status& key_status = statuses[key_index[ranges[r].key]];
+      if (!key_status.ok()) {
+        results.emplace_back(key_status);
+      } else if (!range_status[r].ok()) {
+        results.emplace_back(range_status[r]);
       } else {
-        results.emplace_back(statuses[i]);
+        results.emplace_back(ranges[r].size);
       }
     }
     return results;
@@ -347,7 +461,7 @@ class StoreClientImpl final : public StoreClient {
   std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) override {
     proto::BatchKeysRequest request;
     proto::BatchExistReply reply;
-    request.mutable_keys()->Add(keys.begin(), keys.end());
+    AddKeys(keys, request.mutable_keys());
     Status status = Rpc("BatchExist", &Stub::BatchExist, &request, &reply);
     if (status.ok() && static_cast<size_t>(reply.exists_size()) != keys.size()) {
       status = InternalError(
@@ -369,7 +483,7 @@ class StoreClientImpl final : public StoreClient {
   Result<uint64_t> GetSize(std::string_view key) override {
     proto::BatchKeysRequest request;
     proto::BatchGetReplicasReply reply;
-    request.add_keys(std::string(key));
+    request.add_keys(ScopedKey(options_.tenant_id, key));
     request.set_metadata_only(true);  // no lease: nothing is copied
     LARDER_RETURN_IF_ERROR(Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply));
     LARDER_RETURN_IF_ERROR(CheckReplicaColumns(reply, 1));
@@ -377,25 +491,93 @@ class StoreClientImpl final : public StoreClient {
     return reply.size(0);
   }
 
-  Status Remove(std::string_view key) override {
+  Status Remove(std::string_view key, bool force) override {
     std::string k(key);
-    return BatchRemove(std::span(&k, 1))[0];
+    return BatchRemove(std::span(&k, 1), force)[0];
   }
 
-  std::vector<Status> BatchRemove(std::span<const std::string> keys) override {
+  std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
     proto::BatchKeysRequest request;
     proto::BatchStatusReply reply;
-    request.mutable_keys()->Add(keys.begin(), keys.end());
+    AddKeys(keys, request.mutable_keys());
+    request.set_force(force);
     Status status = Rpc("BatchRemove", &Stub::BatchRemove, &request, &reply);
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
     return ItemStatuses(keys.size(), reply.errors());
   }
 
-  Result<uint64_t> RemoveAll() override {
+  Result<uint64_t> RemoveAll(bool force) override {
     proto::RemoveAllRequest request;
     proto::RemoveAllReply reply;
+    request.set_tenant(options_.tenant_id);
+    request.set_force(force);
     LARDER_RETURN_IF_ERROR(Rpc("RemoveAll", &Stub::RemoveAll, &request, &reply));
     return reply.removed();
+  }
+
+  Result<uint64_t> RemoveByRegex(std::string_view pattern, bool force) override {
+    proto::RemoveByRegexRequest request;
+    proto::RemoveAllReply reply;
+    request.set_tenant(options_.tenant_id);
+    request.set_pattern(std::string(pattern));
+    request.set_force(force);
+    LARDER_RETURN_IF_ERROR(Rpc("RemoveByRegex", &Stub::RemoveByRegex, &request, &reply));
+    return reply.removed();
+  }
+
+  std::vector<Result<ObjectInfo>> BatchGetObjectInfo(std::span<const std::string> keys) override {
+    const size_t n = keys.size();
+    std::vector<Result<ObjectInfo>> results;
+    results.reserve(n);
+    if (n == 0) return results;
+    proto::BatchKeysRequest request;
+    proto::BatchGetReplicasReply reply;
+    AddKeys(keys, request.mutable_keys());
+    request.set_metadata_only(true);
+    Status status = Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply);
+    if (status.ok()) status = CheckReplicaColumns(reply, n);
+    proto::ListSegmentsReply segments;
+    if (status.ok() && reply.segment_id_size() > 0) {
+      proto::ListSegmentsRequest list;
+      list.mutable_segment_id()->Add(reply.segment_id().begin(), reply.segment_id().end());
+      status = master_.Call("ListSegments", &Stub::ListSegments, list, &segments);
+    }
+    if (!status.ok()) {
+      for (size_t i = 0; i < n; ++i) results.emplace_back(status);
+      return results;
+    }
+    std::unordered_map<uint64_t, const proto::SegmentInfo*> by_id;
+    std::unordered_map<uint64_t, std::string> endpoint_of;
+    for (const proto::SegmentInfo& info : segments.segments()) {
+      by_id[info.segment_id()] = &info;
+      auto descriptor = SegmentDescriptor::FromJson(info.descriptor_json());
+      if (descriptor.ok()) endpoint_of[info.segment_id()] = descriptor->tcp_endpoint;
+    }
+    std::vector<Status> statuses = ItemStatuses(n, reply.errors());
+    int first = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int count = static_cast<int>(reply.replica_count(static_cast<int>(i)));
+      if (!statuses[i].ok()) {
+        results.emplace_back(statuses[i]);
+        first += count;
+        continue;
+      }
+      ObjectInfo info;
+      info.size = reply.size(static_cast<int>(i));
+      for (int r = first; r < first + count; ++r) {
+        ReplicaInfo replica;
+        replica.offset = reply.offset(r);
+        auto it = by_id.find(reply.segment_id(r));
+        if (it == by_id.end()) continue;  // unmounted between the two calls
+        replica.segment_name = it->second->name();
+        replica.address = it->second->base() + replica.offset;
+        replica.endpoint = endpoint_of[reply.segment_id(r)];
+        info.replicas.push_back(std::move(replica));
+      }
+      first += count;
+      results.emplace_back(std::move(info));
+    }
+    return results;
   }
 
   Result<RouteKind> RouteTo(std::string_view segment_name) override {
@@ -417,7 +599,43 @@ class StoreClientImpl final : public StoreClient {
   }
 
  private:
-  using DestinationFn = std::function<Result<void*>(size_t index, uint64_t size)>;
+  // Where the value of keys[index] (of `size` bytes) goes: appends its fragments to `out`.
+  using DestinationFn =
+      std::function<Status(size_t index, uint64_t size, std::vector<Fragment>* out)>;
+
+  // The key the master knows `key` of this client's tenant by.
+  std::string MasterKey(std::string_view key) const { return ScopedKey(options_.tenant_id, key); }
+
+  template <typename Repeated>
+  void AddKeys(std::span<const std::string> keys, Repeated* out) const {
+    out->Reserve(static_cast<int>(keys.size()));
+    for (const std::string& key : keys) out->Add(MasterKey(key));
+  }
+
+  // Puts the keys whose every slice lies in a registered buffer; the others fail with
+  // FailedPrecondition.
+  std::vector<Status> PutRegistered(std::span<const std::string> keys,
+                                    std::span<const std::span<const BufferSlice>> pieces,
+                                    const PutConfig& config) {
+    std::vector<Status> results(keys.size());
+    std::vector<size_t> valid;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (const BufferSlice& slice : pieces[i]) {
+        results[i] = CheckRegistered(slice.ptr, slice.size);
+        if (!results[i].ok()) break;
+      }
+      if (results[i].ok()) valid.push_back(i);
+    }
+    if (valid.size() == keys.size()) return PutImpl(keys, pieces, config);
+    std::vector<std::string> sub_keys;
+    std::vector<std::span<const BufferSlice>> sub_pieces;
+    for (size_t i : valid) {
+      sub_keys.push_back(keys[i]);
+      sub_pieces.push_back(pieces[i]);
+    }
+    client::ScatterResults(valid, PutImpl(sub_keys, sub_pieces, config), &results);
+    return results;
+  }
 
   static std::vector<Status> MismatchedStatuses(size_t n) {
     return std::vector<Status>(n, InvalidArgumentError("batch arguments have different lengths"));
@@ -426,10 +644,8 @@ class StoreClientImpl final : public StoreClient {
   Status CheckRegistered(const void* ptr, size_t size) const {
     auto begin = reinterpret_cast<uintptr_t>(ptr);
     std::shared_lock lock(buffers_mu_);
-    auto it = buffers_.upper_bound(begin);
-    if (it != buffers_.begin()) {
-      --it;
-      if (begin >= it->first && begin + size <= it->first + it->second) return Status::Ok();
+    if (client::FindEnclosingRange(buffers_, begin, size) != buffers_.end()) {
+      return Status::Ok();
     }
     return FailedPreconditionError(
         "buffer [" + FormatHex(begin) + ", +" + std::to_string(size) +
@@ -448,6 +664,10 @@ class StoreClientImpl final : public StoreClient {
     if constexpr (requires { request->mutable_release_leases(); }) {
       std::vector<uint64_t> releases = TakeReleasesForCall();
       request->mutable_release_leases()->Add(releases.begin(), releases.end());
+    } else {
+      // A call that cannot carry releases (RemoveAll, RemoveByRegex) sends them first, so that
+      // this client's own finished reads never stand in its way.
+      SendReleases(TakeReleasesForCall());
     }
     Status status = master_.Call(name, method, *request, reply);
     if (status.code() == StatusCode::kUnavailable) {
@@ -733,24 +953,36 @@ class StoreClientImpl final : public StoreClient {
     cache_.erase(it);
   }
 
-  std::vector<Status> PutImpl(std::span<const std::string> keys, std::span<const void* const> srcs,
-                              std::span<const size_t> sizes, const PutConfig& config) {
+  // Object i is the concatenation of pieces[i].
+  std::vector<Status> PutImpl(std::span<const std::string> keys,
+                              std::span<const std::span<const BufferSlice>> pieces,
+                              const PutConfig& config) {
     std::vector<Status> results(keys.size());
     if (keys.empty()) return results;
     if (keys.size() > kMaxBatch)
       return std::vector<Status>(keys.size(), BatchTooLarge(keys.size()));
+    std::vector<uint64_t> sizes(keys.size(), 0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (const BufferSlice& slice : pieces[i]) sizes[i] += slice.size;
+    }
     proto::BatchPutStartRequest request;
     proto::BatchPutStartReply reply;
     request.mutable_items()->Reserve(static_cast<int>(keys.size()));
     for (size_t i = 0; i < keys.size(); ++i) {
       proto::PutItem* item = request.add_items();
-      item->set_key(keys[i]);
+      item->set_key(MasterKey(keys[i]));
       item->set_size(sizes[i]);
     }
     request.set_replica_num(config.replica_num != 0 ? config.replica_num : options_.replica_num);
     request.mutable_preferred_segments()->Add(config.preferred_segments.begin(),
                                               config.preferred_segments.end());
     request.set_pin(config.pin);
+    request.set_soft_pin_action(static_cast<proto::SoftPinAction>(config.soft_pin_action));
+    if (config.soft_pin_ttl) {
+      request.set_soft_pin_ttl_ms(static_cast<uint64_t>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(*config.soft_pin_ttl).count())));
+    }
+    request.set_upsert(config.overwrite);
     AddUnreachable(&request);
     Status status = Rpc("BatchPutStart", &Stub::BatchPutStart, &request, &reply);
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
@@ -781,10 +1013,15 @@ class StoreClientImpl final : public StoreClient {
           MarkUnreachable(replica.segment_id());
           break;
         }
-        transfers.push_back(TransferRequest{TransferOp::kWrite, const_cast<void*>(srcs[i]),
-                                            segment->handle, replica.offset(), sizes[i]});
-        owner.push_back(i);
-        target_of.push_back(replica.segment_id());
+        uint64_t offset = replica.offset();
+        for (const BufferSlice& slice : pieces[i]) {
+          if (slice.size == 0) continue;
+          transfers.push_back(
+              TransferRequest{TransferOp::kWrite, slice.ptr, segment->handle, offset, slice.size});
+          owner.push_back(i);
+          target_of.push_back(replica.segment_id());
+          offset += slice.size;
+        }
       }
     }
     if (!transfers.empty()) {
@@ -803,10 +1040,10 @@ class StoreClientImpl final : public StoreClient {
     for (size_t i = 0; i < keys.size(); ++i) {
       if (!started[i]) continue;
       if (results[i].ok()) {
-        end.add_keys(keys[i]);
+        end.add_keys(MasterKey(keys[i]));
         ended.push_back(i);
       } else {
-        revoke.add_keys(keys[i]);
+        revoke.add_keys(MasterKey(keys[i]));
       }
     }
     if (end.keys_size() > 0) {
@@ -840,7 +1077,9 @@ class StoreClientImpl final : public StoreClient {
     }
     if (again.empty()) return results;
     std::vector<Status> retried =
-        GetOnce(again, [&](size_t j, uint64_t size) { return destination(where[j], size); });
+        GetOnce(again, [&](size_t j, uint64_t size, std::vector<Fragment>* out) {
+          return destination(where[j], size, out);
+        });
     for (size_t j = 0; j < again.size(); ++j) results[where[j]] = retried[j];
     return results;
   }
@@ -850,7 +1089,7 @@ class StoreClientImpl final : public StoreClient {
     if (n == 0) return {};
     proto::BatchKeysRequest request;
     proto::BatchGetReplicasReply reply;
-    request.mutable_keys()->Add(keys.begin(), keys.end());
+    AddKeys(keys, request.mutable_keys());
     SteadyClock::time_point asked = SteadyClock::now();
     Status status = Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply);
     if (status.ok()) status = CheckReplicaColumns(reply, n);
@@ -864,17 +1103,19 @@ class StoreClientImpl final : public StoreClient {
     OpenedSegments opened;
     OpenSegments(std::span(reply.segment_id().data(), reply.segment_id_size()), &opened);
 
-    // One job per key to read; its replicas are order[first, first + count), best route first.
+    // One job per key to read; its replicas are order[first, first + count), best route first,
+    // and its fragments fragments[fragment, fragment + fragment_count).
     struct Job {
       size_t index;
-      void* dst;
-      uint64_t size;
+      size_t fragment;
+      size_t fragment_count;
       uint32_t first;
       uint32_t count;
       uint32_t next = 0;
       bool copied = false;
       bool tried = false;
     };
+    std::vector<Fragment> fragments;
     std::vector<Job> jobs;
     jobs.reserve(n);
     std::vector<uint32_t> order(static_cast<size_t>(reply.segment_id_size()));
@@ -890,11 +1131,13 @@ class StoreClientImpl final : public StoreClient {
                          });
       }
       if (results[i].ok()) {
-        auto dst = destination(i, reply.size(static_cast<int>(i)));
-        if (dst.ok()) {
-          jobs.push_back(Job{i, *dst, reply.size(static_cast<int>(i)), first, count});
-        } else {
-          results[i] = dst.status();
+        const size_t before = fragments.size();
+        Status placed = destination(i, reply.size(static_cast<int>(i)), &fragments);
+        if (!placed.ok()) {
+          fragments.resize(before);
+          results[i] = placed;
+        } else if (fragments.size() > before) {
+          jobs.push_back(Job{i, before, fragments.size() - before, first, count});
         }
       }
       first += count;
@@ -904,7 +1147,7 @@ class StoreClientImpl final : public StoreClient {
     pending.reserve(jobs.size());
     for (Job& job : jobs) pending.push_back(&job);
     std::vector<TransferRequest> transfers;
-    std::vector<Job*> sent;
+    std::vector<std::pair<Job*, size_t>> sent;  // a job, and its first request in transfers
     while (!pending.empty()) {
       transfers.clear();
       sent.clear();
@@ -913,19 +1156,24 @@ class StoreClientImpl final : public StoreClient {
           const int replica = static_cast<int>(order[job->first + job->next]);
           const OpenedSegment* segment = opened.Find(reply.segment_id(replica));
           if (segment == nullptr) continue;
-          transfers.push_back(TransferRequest{TransferOp::kRead, job->dst, segment->handle,
-                                              reply.offset(replica), job->size});
-          sent.push_back(job);
+          sent.emplace_back(job, transfers.size());
+          for (size_t f = job->fragment; f < job->fragment + job->fragment_count; ++f) {
+            transfers.push_back(
+                TransferRequest{TransferOp::kRead, fragments[f].dst, segment->handle,
+                                reply.offset(replica) + fragments[f].offset, fragments[f].size});
+          }
           break;
         }
       }
       pending.clear();
       if (transfers.empty()) break;
       auto done = engine_->TransferSync(transfers, options_.transfer_timeout);
-      for (size_t j = 0; j < sent.size(); ++j) {
-        Job* job = sent[j];
+      for (const auto& [job, first_request] : sent) {
         job->tried = true;
-        Status transfer = done.ok() ? (*done)[j].status : done.status();
+        Status transfer = done.status();
+        for (size_t f = 0; done.ok() && f < job->fragment_count && transfer.ok(); ++f) {
+          transfer = (*done)[first_request + f].status;
+        }
         if (transfer.ok()) {
           job->copied = true;
           results[job->index] = Status::Ok();
@@ -997,10 +1245,14 @@ class StoreClientImpl final : public StoreClient {
 Result<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
   if (options.master_address.empty()) return InvalidArgumentError("master_address is empty");
   if (options.replica_num == 0) return InvalidArgumentError("replica_num must be at least 1");
+  LARDER_RETURN_IF_ERROR(ValidateTenant(options.tenant_id));
   TransferEngineOptions engine_options;
   engine_options.role = EngineRole::kStore;
   engine_options.protocol = options.protocol;
-  engine_options.listen_address = options.local_hostname + ":0";
+  // "ip" listens on a free port; "ip:port" (one colon: not a bare IPv6 address) on that port.
+  const bool has_port =
+      std::count(options.local_hostname.begin(), options.local_hostname.end(), ':') == 1;
+  engine_options.listen_address = has_port ? options.local_hostname : options.local_hostname + ":0";
   engine_options.auth_token = options.auth_token;
   engine_options.tls_ca_file = options.tls_ca_file;
   engine_options.tls_cert_file = options.tls_cert_file;

@@ -41,6 +41,22 @@ Status WaitFor(int fd, short events, Deadline deadline, std::string_view peer) {
   }
 }
 
+// Room for the SCM_RIGHTS control message of one fd.
+struct FdControl {
+  alignas(cmsghdr) char bytes[CMSG_SPACE(sizeof(int))] = {};
+};
+
+// Makes `msg` carry `pass_fd` (SCM_RIGHTS); `control` holds the message until the send.
+void AttachFd(msghdr* msg, FdControl* control, int pass_fd) {
+  msg->msg_control = control->bytes;
+  msg->msg_controllen = sizeof(control->bytes);
+  cmsghdr* cmsg = CMSG_FIRSTHDR(msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cmsg), &pass_fd, sizeof(int));
+}
+
 sockaddr_un AbstractAddress(const std::string& name, socklen_t* len) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -168,11 +184,14 @@ Result<Fd> UnixConnectAbstract(const std::string& name, Deadline deadline) {
   return fd;
 }
 
-Status SendAllV(int fd, struct iovec* iov, int iovcnt, Deadline deadline, std::string_view peer) {
+Status SendAllV(int fd, struct iovec* iov, int iovcnt, Deadline deadline, std::string_view peer,
+                int pass_fd) {
+  FdControl control;
   while (iovcnt > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    if (pass_fd >= 0) AttachFd(&msg, &control, pass_fd);
     ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -182,6 +201,7 @@ Status SendAllV(int fd, struct iovec* iov, int iovcnt, Deadline deadline, std::s
       }
       return ErrnoToStatus(errno, "send to " + std::string(peer));
     }
+    pass_fd = -1;  // it went with the bytes just sent
     size_t left = static_cast<size_t>(n);
     while (iovcnt > 0 && left >= iov->iov_len) {
       left -= iov->iov_len;
@@ -226,16 +246,8 @@ Status SendWithFd(int fd, const void* data, size_t len, int pass_fd) {
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (pass_fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &pass_fd, sizeof(int));
-  }
+  FdControl control;
+  if (pass_fd >= 0) AttachFd(&msg, &control, pass_fd);
   ssize_t n;
   do {
     n = sendmsg(fd, &msg, MSG_NOSIGNAL);

@@ -80,7 +80,10 @@ Result<Fd> UnixConnectAbstract(const std::string& name, Deadline deadline);
 // Writes/reads exactly `len` bytes before `deadline`. A closed peer gives Unavailable naming
 // `peer`.
 Status SendAll(int fd, const void* data, size_t len, Deadline deadline, std::string_view peer);
-Status SendAllV(int fd, struct iovec* iov, int iovcnt, Deadline deadline, std::string_view peer);
+// Writes the buffers in order before `deadline`, modifying `iov`. When `pass_fd` >= 0 (a Unix
+// socket) it rides (SCM_RIGHTS) on the first bytes that go out.
+Status SendAllV(int fd, struct iovec* iov, int iovcnt, Deadline deadline, std::string_view peer,
+                int pass_fd = -1);
 Status RecvAll(int fd, void* data, size_t len, Deadline deadline, std::string_view peer);
 
 // Sends `len` bytes (one message on a Unix socket) carrying `pass_fd` when >= 0.

@@ -9,6 +9,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <string>
 
 #include "client/master_client.h"
 #include "common/control_auth.h"
@@ -140,6 +142,16 @@ TEST(MasterAuthTest, CallsWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
     expect_unauthenticated(stub->RemoveAll(&context, request, &reply), "RemoveAll");
   }
   {
+    grpc::ClientContext context;
+    proto::RemoveByRegexRequest request;
+    proto::RemoveAllReply reply;
+    request.set_client_id("victim");
+    request.set_pattern(".*");
+    request.set_force(true);
+    expect_unauthenticated(stub->RemoveByRegex(&context, request, &reply), "RemoveByRegex");
+    EXPECT_EQ(reply.removed(), 0u);
+  }
+  {
     // Unmounting the victim's segment by naming its client id.
     grpc::ClientContext context;
     proto::UnmountSegmentsRequest request;
@@ -267,6 +279,33 @@ TEST(MasterAuthTest, RemoveAllNeedsTheAdminToken) {
   status = admin.Call("RemoveAll", &Stub::RemoveAll, request, &reply);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(reply.removed(), 20u);
+}
+
+TEST(MasterAuthTest, RemoveByRegexNeedsASessionOfItsOwnClientOnly) {
+  auto server = StartMaster(kToken, kAdminToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient writer = Client(*server, "writer", kToken);
+  MountAndPut(writer, "writer", "writer-seg", Keys("k", 20));
+  proto::RemoveByRegexRequest request;
+  proto::RemoveAllReply reply;
+  // In another client's name: refused.
+  request.set_client_id("victim");
+  request.set_pattern("k1.*");
+  Status status = writer.Call("RemoveByRegex", &Stub::RemoveByRegex, request, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  EXPECT_EQ(server->state().Stats().objects, 20u);
+  // In its own: no operator session needed, unlike RemoveAll (with a tenant or not).
+  request.set_client_id("writer");
+  status = writer.Call("RemoveByRegex", &Stub::RemoveByRegex, request, &reply);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(reply.removed(), 11u);  // k1 and k10..k19
+  proto::RemoveAllRequest all;
+  proto::RemoveAllReply all_reply;
+  all.set_client_id("writer");
+  all.set_tenant("t");
+  status = writer.Call("RemoveAll", &Stub::RemoveAll, all, &all_reply);
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  EXPECT_EQ(server->state().Stats().objects, 9u);
 }
 
 // Opens a session by hand, as control_auth.h describes, and returns its id and key.
@@ -397,7 +436,10 @@ TEST(MasterAuthTest, AdminHttpRoutesNeedTheAdminTokenAndMetricsNameNoKeys) {
   MasterClient writer = Client(*server, "writer", kToken);
   MountAndPut(writer, "writer", "writer-seg", {"secret-prompt-key"});
   httplib::Client http("127.0.0.1", server->http_port());
-  for (const char* path : {"/keys", "/segments"}) {
+  for (const char* path :
+       {"/keys", "/segments", "/get_all_keys", "/get_all_segments",
+        "/query_key?key=secret-prompt-key", "/batch_query_keys?keys=secret-prompt-key",
+        "/query_segment?segment=writer-seg"}) {
     auto anonymous = http.Get(path);
     ASSERT_TRUE(anonymous);
     EXPECT_EQ(anonymous->status, 401) << path;
@@ -412,8 +454,11 @@ TEST(MasterAuthTest, AdminHttpRoutesNeedTheAdminTokenAndMetricsNameNoKeys) {
     ASSERT_TRUE(admin);
     EXPECT_EQ(admin->status, 200) << path;
   }
-  auto keys = http.Get("/keys", {{"Authorization", std::string("Bearer ") + kAdminToken}});
-  EXPECT_NE(keys->body.find("secret-prompt-key"), std::string::npos);
+  for (const char* path : {"/keys", "/get_all_keys", "/batch_query_keys?keys=secret-prompt-key"}) {
+    auto keys = http.Get(path, {{"Authorization", std::string("Bearer ") + kAdminToken}});
+    ASSERT_TRUE(keys);
+    EXPECT_NE(keys->body.find("secret-prompt-key"), std::string::npos) << path;
+  }
   for (const char* path : {"/health", "/metrics"}) {
     auto open = http.Get(path);
     ASSERT_TRUE(open);
@@ -540,6 +585,100 @@ TEST_F(MasterEdgeTest, KeysAreBytes) {
   EXPECT_EQ(got.errors(0).status().code(), static_cast<int>(StatusCode::kNotFound));
   EXPECT_NE(got.errors(0).status().message().find("'\\xc3(missing'"), std::string::npos)
       << got.errors(0).status().message();
+}
+
+TEST_F(MasterEdgeTest, SoftPinUpsertAndForceFieldsReachTheMaster) {
+  auto start_one = [&](const std::string& key, uint64_t size,
+                       const std::function<void(proto::BatchPutStartRequest&)>& set) {
+    proto::BatchPutStartRequest start;
+    proto::BatchPutStartReply started;
+    start.set_client_id("c");
+    proto::PutItem* item = start.add_items();
+    item->set_key(key);
+    item->set_size(size);
+    set(start);
+    EXPECT_TRUE(rpc_->Call("BatchPutStart", &Stub::BatchPutStart, start, &started).ok());
+    return started.results_size() == 1 ? started.results(0) : proto::PutStartResult();
+  };
+  auto end_one = [&](const std::string& key) {
+    proto::BatchKeysRequest end;
+    proto::BatchStatusReply ended;
+    end.set_client_id("c");
+    end.add_keys(key);
+    EXPECT_TRUE(rpc_->Call("BatchPutEnd", &Stub::BatchPutEnd, end, &ended).ok());
+    EXPECT_EQ(ended.errors_size(), 0);
+  };
+  const int invalid = static_cast<int>(StatusCode::kInvalidArgument);
+  EXPECT_EQ(start_one("x", 64, [](auto& r) { r.set_soft_pin_action(proto::SoftPinAction(99)); })
+                .status()
+                .code(),
+            invalid);
+  EXPECT_EQ(start_one("x", 64,
+                      [](auto& r) {
+                        r.set_soft_pin_action(proto::SOFT_PIN_ENABLE);
+                        r.set_soft_pin_ttl_ms(UINT64_MAX);
+                      })
+                .status()
+                .code(),
+            invalid);
+  EXPECT_EQ(start_one("x", 64, [](auto& r) { r.set_soft_pin_ttl_ms(1000); }).status().code(),
+            invalid);  // with PRESERVE
+  proto::PutStartResult pinned =
+      start_one("soft", 64, [](auto& r) { r.set_soft_pin_action(proto::SOFT_PIN_ENABLE); });
+  ASSERT_EQ(pinned.status().code(), 0) << pinned.status().message();
+  end_one("soft");
+  EXPECT_EQ(server_->state().Stats().soft_pinned_objects, 1u);
+  // An upsert replaces "small" (4096 bytes) with 128 bytes.
+  proto::PutStartResult replaced = start_one("small", 128, [](auto& r) { r.set_upsert(true); });
+  ASSERT_EQ(replaced.status().code(), 0) << replaced.status().message();
+  EXPECT_FALSE(replaced.already_exists());
+  end_one("small");
+  proto::BatchKeysRequest get;
+  proto::BatchGetReplicasReply got;
+  get.set_client_id("c");
+  get.add_keys("small");
+  ASSERT_TRUE(rpc_->Call("BatchGetReplicas", &Stub::BatchGetReplicas, get, &got).ok());
+  ASSERT_EQ(got.size_size(), 1);
+  EXPECT_EQ(got.size(0), 128u);
+  // Leased by that get: removed only with force.
+  proto::BatchStatusReply removed;
+  ASSERT_TRUE(rpc_->Call("BatchRemove", &Stub::BatchRemove, get, &removed).ok());
+  ASSERT_EQ(removed.errors_size(), 1);
+  EXPECT_EQ(removed.errors(0).status().code(), static_cast<int>(StatusCode::kUnavailable));
+  get.set_force(true);
+  ASSERT_TRUE(rpc_->Call("BatchRemove", &Stub::BatchRemove, get, &removed).ok());
+  EXPECT_EQ(removed.errors_size(), 0);
+  EXPECT_EQ(server_->state().Stats().objects, 1u);
+}
+
+TEST_F(MasterEdgeTest, BulkRemovalsActInTheirTenantAndCheckTheirArguments) {
+  using namespace std::string_view_literals;
+  for (std::string_view key : {"\0t\0a"sv, "\0t\0b"sv, "\0u\0a"sv}) {
+    PutStartItem item{key, 4096};
+    ASSERT_TRUE(server_->state().BatchPutStart("c", std::span(&item, 1), {}).ok());
+    ASSERT_TRUE(server_->state().BatchPutEnd("c", std::span(&key, 1)).ok());
+  }
+  proto::RemoveByRegexRequest regex;
+  proto::RemoveAllReply reply;
+  regex.set_client_id("c");
+  regex.set_tenant("t");
+  regex.set_pattern("a|small");
+  ASSERT_TRUE(rpc_->Call("RemoveByRegex", &Stub::RemoveByRegex, regex, &reply).ok());
+  EXPECT_EQ(reply.removed(), 1u);
+  regex.set_pattern("(");
+  Status status = rpc_->Call("RemoveByRegex", &Stub::RemoveByRegex, regex, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("missing )"), std::string::npos) << status;
+  regex.set_pattern(".*");
+  regex.set_tenant(std::string(129, 't'));
+  status = rpc_->Call("RemoveByRegex", &Stub::RemoveByRegex, regex, &reply);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  proto::RemoveAllRequest all;
+  all.set_client_id("c");
+  all.set_tenant("u");
+  ASSERT_TRUE(rpc_->Call("RemoveAll", &Stub::RemoveAll, all, &reply).ok());
+  EXPECT_EQ(reply.removed(), 1u);
+  EXPECT_EQ(server_->state().Stats().objects, 2u);  // "small" and "\0t\0b"
 }
 
 TEST_F(MasterEdgeTest, SegmentSizesCannotWrapTheCapacity) {

@@ -11,6 +11,12 @@
 // the evictable objects at or below T. An object read or written in between has a newer tick and
 // stays; leased, pinned and incomplete objects are never candidates.
 //
+// Soft-pinned objects are on a list of their own in each shard, in the same LRU order. A run
+// evicts from the unpinned lists first; only when nothing there is evictable does it end the soft
+// pins past their deadline (the sweeper does too, but a put should not wait for it), evict from
+// the unpinned lists again, and then, with MasterOptions::evict_soft_pinned, take soft-pinned
+// objects, least recently used first, with the same two passes.
+//
 // Nothing is copied in the first pass (no keys: only two numbers per candidate), and the second
 // looks no further into a shard than the first did, so a put's eviction costs O(shards) lock
 // acquisitions and O(shards * k) objects examined, k being a couple more than the evicted
@@ -47,11 +53,30 @@ uint64_t MasterState::EvictForPut(uint64_t bytes) {
 uint64_t MasterState::Evict(uint64_t bytes) {
   std::lock_guard evict_lock(evict_mu_);
   const auto started = Clock::now();
+  uint64_t scanned = 0, evicted = 0;
+  uint64_t freed = EvictFrom(ObjectList::kLru, bytes, &scanned, &evicted);
+  if (freed < bytes && ExpireSoftPins(Now()) > 0) {
+    freed += EvictFrom(ObjectList::kLru, bytes - freed, &scanned, &evicted);
+  }
+  if (freed < bytes && options_.evict_soft_pinned) {
+    freed += EvictFrom(ObjectList::kSoftPinned, bytes - freed, &scanned, &evicted);
+  }
+  counters_.evictions.fetch_add(evicted, std::memory_order_relaxed);
+  counters_.eviction_runs.fetch_add(1, std::memory_order_relaxed);
+  counters_.eviction_scanned.fetch_add(scanned, std::memory_order_relaxed);
+  eviction_time_.Observe(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count());
+  if (freed > 0) Log().debug("evicted {} bytes in {} objects (asked {})", freed, evicted, bytes);
+  return freed;
+}
+
+uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scanned,
+                                uint64_t* evicted) {
   struct Candidate {
     uint64_t tick;
     uint64_t bytes;
   };
-  uint64_t freed = 0, scanned = 0, evicted = 0;
+  uint64_t freed = 0;
   std::vector<Candidate> candidates;
   std::vector<StoredReplica> replicas;
   // Per shard, from pass 1: its oldest candidate's tick (UINT64_MAX: none), and how far the walk
@@ -80,8 +105,8 @@ uint64_t MasterState::Evict(uint64_t bytes) {
       uint64_t oldest = UINT64_MAX, newest = 0;
       {
         std::lock_guard lock(shard.mu);
-        for (Object* object = shard.lru.oldest; object != nullptr && taken < k && walked < kMaxWalk;
-             object = object->newer) {
+        for (Object* object = shard.Ends(list).oldest;
+             object != nullptr && taken < k && walked < kMaxWalk; object = object->newer) {
           ++walked;
           if (object->Leased(now)) continue;
           candidates.push_back(
@@ -95,7 +120,7 @@ uint64_t MasterState::Evict(uint64_t bytes) {
       }
       oldest_tick[s] = oldest;
       walk_length[s] = walked;
-      scanned += walked;
+      *scanned += walked;
     }
     if (candidates.empty()) break;
 
@@ -126,7 +151,7 @@ uint64_t MasterState::Evict(uint64_t bytes) {
       size_t walked = 0;
       {
         std::lock_guard lock(shard.mu);
-        for (Object* object = shard.lru.oldest;
+        for (Object* object = shard.Ends(list).oldest;
              object != nullptr && walked < walk_length[s] && freed + freed_this_round < bytes;
              ++walked) {
           Object* next = object->newer;
@@ -137,24 +162,18 @@ uint64_t MasterState::Evict(uint64_t bytes) {
             shard.Erase(object);
             objects_.fetch_sub(1, std::memory_order_relaxed);
             freed_this_round += object_bytes;
-            ++evicted;
+            ++*evicted;
             counters_.evicted_bytes.fetch_add(object_bytes, std::memory_order_relaxed);
           }
           object = next;
         }
       }
-      scanned += walked;
+      *scanned += walked;
       segments_.Free(replicas);
     }
     freed += freed_this_round;
     idle_rounds = freed_this_round == 0 ? idle_rounds + 1 : 0;
   }
-  counters_.evictions.fetch_add(evicted, std::memory_order_relaxed);
-  counters_.eviction_runs.fetch_add(1, std::memory_order_relaxed);
-  counters_.eviction_scanned.fetch_add(scanned, std::memory_order_relaxed);
-  eviction_time_.Observe(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count());
-  if (freed > 0) Log().debug("evicted {} bytes in {} objects (asked {})", freed, evicted, bytes);
   return freed;
 }
 

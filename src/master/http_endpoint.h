@@ -8,7 +8,17 @@
 //   GET /segments         JSON array of mounted segments
 //   GET /keys?prefix=P&limit=N   JSON array of {key, size}, sorted (default limit 1000, at most
 //                         100000)
-// /metrics and /health are open and name no keys. With a cluster token, /segments and /keys need
+// and the routes of Mooncake's master, in its formats, for its tools:
+//   GET /get_all_segments        each segment name and "\n"
+//   GET /get_all_keys            each complete key and "\n", sorted, at most 100000; bytes that
+//                                are not printable ASCII, and backslash, as \xNN
+//   GET /query_key?key=K         one JSON line per replica: {"size_", "buffer_address_" (segment
+//                                base + offset), "protocol_" ("tcp"), "transport_endpoint_" (the
+//                                segment's tcp endpoint, or its name)}; 404 OBJECT_NOT_FOUND
+//   GET /batch_query_keys?keys=K1,K2   {"success":true,"data":{K:{"ok":true,"values":[...]} or
+//                                {"ok":false,"error":"OBJECT_NOT_FOUND"}}}; at most 1024 keys
+//   GET /query_segment?segment=S "S\nUsed(bytes): U\nCapacity(bytes) : C\n"; 500 when unknown
+// /metrics and /health are open and name no keys. With a cluster token, every other route needs
 // the admin token as a bearer ("Authorization: Bearer TOKEN"; 401 without one, 403 for a wrong
 // one, and always 403 when the master has no admin token).
 

@@ -1,6 +1,6 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// Liveness and cleanup: expired clients and leases, timed-out puts, quarantined ranges.
+// Liveness and cleanup: expired clients, leases and soft pins, timed-out puts, quarantined ranges.
 
 #include <algorithm>
 
@@ -19,6 +19,7 @@ void MasterState::RunMaintenance() {
   int64_t now = Now();
   ExpireClients(now);
   ExpireLeases(now);
+  ExpireSoftPins(now);
   RevokeTimedOutPuts(now);
   ReleaseQuarantine(now);
   EvictAboveWatermark();
@@ -68,6 +69,15 @@ void MasterState::ExpireLeases(int64_t now) {
   lease_hold_.Observe(ToNanos(options_.lease_ttl), expired);
 }
 
+size_t MasterState::ExpireSoftPins(int64_t now) {
+  size_t expired = 0;
+  for (size_t s = 0; s < shard_count_; ++s) {
+    std::lock_guard lock(shards_[s].mu);
+    expired += shards_[s].ExpireSoftPins(now);
+  }
+  return expired;
+}
+
 void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot) {
   if (!segments.empty()) segments_version_.fetch_add(1);
   auto dropped = [&](const StoredReplica& replica) {
@@ -91,7 +101,9 @@ void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t wri
       objects_.fetch_sub(erased, std::memory_order_relaxed);
       lost += erased;
     }
-    if (!quarantined.empty()) Quarantine(std::move(quarantined));
+    if (!quarantined.empty()) {
+      Quarantine(std::move(quarantined), Now() + ToNanos(options_.put_timeout));
+    }
   }
   if (lost > 0) Log().info("{} object(s) lost with their segments", lost);
 }
@@ -114,17 +126,18 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
                    options_.put_timeout.count());
       }
     }
-    if (!quarantined.empty()) Quarantine(std::move(quarantined));
+    if (!quarantined.empty())
+      Quarantine(std::move(quarantined), now + ToNanos(options_.put_timeout));
   }
 }
 
 // Ranges whose writer may still be copying are held back for one more put_timeout before reuse,
-// so that a late write cannot land in another object's bytes.
-void MasterState::Quarantine(std::vector<StoredReplica> replicas) {
+// so that a late write cannot land in another object's bytes; ranges a reader may still be
+// copying from, until its lease ends. The queue is released in order: an entry behind one with a
+// later release time waits for it, which only keeps its ranges out of use longer.
+void MasterState::Quarantine(std::vector<StoredReplica> replicas, int64_t release_at) {
   std::lock_guard lock(quarantine_mu_);
-  quarantine_.push_back(QuarantinedRanges{
-      Now() + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.put_timeout).count(),
-      std::move(replicas)});
+  quarantine_.push_back(QuarantinedRanges{release_at, std::move(replicas)});
 }
 
 void MasterState::ReleaseQuarantine(int64_t now) {

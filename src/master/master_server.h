@@ -18,7 +18,9 @@ struct MasterServerOptions {
   // MasterServer::port()).
   std::string listen_host;
   uint16_t port = 50051;
-  // HTTP: /metrics, /health, /segments, /keys?prefix=. Port 0 picks a free port; -1 disables.
+  // HTTP (http_endpoint.h): /metrics, /health, /segments, /keys?prefix=, and Mooncake's
+  // /get_all_segments, /get_all_keys, /query_key, /batch_query_keys, /query_segment. Port 0 picks
+  // a free port; -1 disables.
   int http_port = 9003;
   MasterOptions master;
   // Cluster and admin tokens (docs/security.md). Without a cluster token every call is served

@@ -2,6 +2,8 @@
 //
 #include "master/master_state.h"
 
+#include <re2/re2.h>
+
 #include <algorithm>
 #include <unordered_set>
 
@@ -19,6 +21,14 @@ uint64_t SegmentIdBase(uint64_t incarnation) { return (incarnation & 0xffffffffu
 int64_t ToNanos(std::chrono::milliseconds d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
+
+// A TTL in nanoseconds that cannot overflow when added to a clock reading (at most ~73 years).
+int64_t TtlNanos(std::chrono::milliseconds ttl) {
+  constexpr int64_t kMaxMs = INT64_MAX / 4 / 1'000'000;
+  return std::clamp<int64_t>(ttl.count(), 0, kMaxMs) * 1'000'000;
+}
+
+std::string FormatMs(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
 }  // namespace
 
@@ -107,6 +117,29 @@ Status CheckBatchSize(size_t items, const char* what) {
   if (items <= kMaxBatchItems) return Status::Ok();
   return InvalidArgumentError("a batch of " + std::to_string(items) + " " + what +
                               " exceeds the maximum of " + std::to_string(kMaxBatchItems));
+}
+
+Status ValidateTenant(std::string_view tenant) {
+  if (tenant.size() > kMaxTenantBytes) {
+    return InvalidArgumentError("tenant " + QuoteKey(tenant) + " exceeds the maximum of " +
+                                std::to_string(kMaxTenantBytes) + " bytes");
+  }
+  if (tenant.find('\0') != std::string_view::npos) {
+    return InvalidArgumentError("tenant " + QuoteKey(tenant) + " contains a NUL byte");
+  }
+  return Status::Ok();
+}
+
+std::optional<std::string_view> KeyInTenant(std::string_view key, std::string_view tenant) {
+  // The default tenant's keys, except those that start with NUL: clients store those as
+  // "\0\0" + key (the form below, for tenant "").
+  if (tenant.empty() && (key.empty() || key.front() != '\0')) return key;
+  // "\0" + tenant + "\0" + key
+  if (key.size() < tenant.size() + 2 || key.front() != '\0' ||
+      key.substr(1, tenant.size()) != tenant || key[tenant.size() + 1] != '\0') {
+    return std::nullopt;
+  }
+  return key.substr(tenant.size() + 2);
 }
 
 std::string QuoteKey(std::string_view key) {
@@ -253,6 +286,12 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
     }
     return results;
   }
+  Result<int64_t> soft_pin_ttl = SoftPinTtl(options);
+  if (!soft_pin_ttl.ok()) {
+    for (PutStartOutcome& result : results) result.status = soft_pin_ttl.status();
+    counters_.put_refusals_invalid.fetch_add(results.size(), std::memory_order_relaxed);
+    return results;
+  }
   MakeRoomForBatch(items, plan.replicas);
   uint64_t invalid = 0, no_space = 0;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -261,7 +300,7 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
       results[i].status =
           InvalidArgumentError("key " + QuoteKey(item.key) + " appears twice in the batch");
     } else {
-      results[i] = PutStartOne(client, item, plan, options.pin);
+      results[i] = PutStartOne(client, item, plan, options, *soft_pin_ttl);
     }
     if (results[i].status.code() == StatusCode::kInvalidArgument) ++invalid;
     if (results[i].status.code() == StatusCode::kResourceExhausted) ++no_space;
@@ -269,6 +308,30 @@ Result<std::vector<PutStartOutcome>> MasterState::BatchPutStart(const std::strin
   if (invalid > 0) counters_.put_refusals_invalid.fetch_add(invalid, std::memory_order_relaxed);
   if (no_space > 0) counters_.put_refusals_no_space.fetch_add(no_space, std::memory_order_relaxed);
   return results;
+}
+
+Result<int64_t> MasterState::SoftPinTtl(const PutOptions& options) const {
+  switch (options.soft_pin_action) {
+    case SoftPinAction::kPreserve:
+    case SoftPinAction::kDisable:
+      if (options.soft_pin_ttl.has_value()) {
+        return InvalidArgumentError(
+            std::string("a soft-pin TTL needs the action ENABLE, not ") +
+            (options.soft_pin_action == SoftPinAction::kPreserve ? "PRESERVE" : "DISABLE"));
+      }
+      return 0;
+    case SoftPinAction::kEnable: {
+      std::chrono::milliseconds ttl = options.soft_pin_ttl.value_or(options_.default_soft_pin_ttl);
+      if (ttl.count() < 0 ||
+          (options.soft_pin_ttl.has_value() && ttl > options_.max_soft_pin_ttl)) {
+        return InvalidArgumentError("soft-pin TTL of " + FormatMs(ttl) + " is outside 0.." +
+                                    FormatMs(options_.max_soft_pin_ttl));
+      }
+      return TtlNanos(ttl);
+    }
+  }
+  return InvalidArgumentError("unknown soft-pin action " +
+                              std::to_string(static_cast<int32_t>(options.soft_pin_action)));
 }
 
 void MasterState::MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t replicas) {
@@ -297,7 +360,8 @@ void MasterState::MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t
 }
 
 PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutStartItem& item,
-                                         const SegmentTable::Plan& plan, bool pin) {
+                                         const SegmentTable::Plan& plan, const PutOptions& options,
+                                         int64_t soft_pin_ttl) {
   PutStartOutcome outcome;
   if (Status status = ValidateKey(item.key); !status.ok()) {
     outcome.status = status;
@@ -309,41 +373,74 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
   }
   const KeyRef ref(item.key);
   Shard& shard = ShardFor(ref);
+  // What the new object inherits from the one an upsert replaced, kept across rounds: the old
+  // object is gone by the time a round after an eviction finds the key absent.
+  bool pin = options.pin;
+  int64_t kept_soft_pin = 0;
   // Without space, evict and retry while eviction frees something. Each round evicts what this
   // object needs and a little more (eviction_slack), so that the pool stays full.
   for (int round = 0;; ++round) {
     {
       std::lock_guard lock(shard.mu);
+      std::optional<Result<std::vector<StoredReplica>>> placed;
       if (Object* object = shard.Find(ref); object != nullptr) {
-        if (object->state == ObjectState::kProcessing && object->writer == client.slot) {
-          // The same client asks again (a retried call whose reply was lost): same answer.
-          for (const StoredReplica& replica : object->replicas()) {
-            outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
+        if (object->state == ObjectState::kProcessing) {
+          if (object->writer == client.slot) {
+            // The same client asks again (a retried call whose reply was lost): same answer.
+            for (const StoredReplica& replica : object->replicas()) {
+              outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
+            }
+          } else if (options.upsert) {
+            outcome.status = UnavailableError("key " + QuoteKey(item.key) +
+                                              " is being written by another client; retry later");
+          } else {
+            outcome.already_exists = true;
           }
           return outcome;
         }
-        // Objects are immutable: the put succeeds without rewriting. A put of a stored key is a
-        // reference to it, as a get is.
-        if (object->state == ObjectState::kComplete) shard.LruTouch(object, ++tick_);
-        outcome.already_exists = true;
-        return outcome;
+        if (!options.upsert) {
+          // Objects are immutable: the put succeeds without rewriting. A put of a stored key is a
+          // reference to it, as a get is.
+          shard.LruTouch(object, ++tick_);
+          outcome.already_exists = true;
+          return outcome;
+        }
+        // An upsert places the new value before it lets the old one go, so that a value that can
+        // never be placed leaves the key as it was; when the pool is full, the old object's space
+        // is freed first and tried again.
+        placed = segments_.Allocate(item.size, plan);
+        if (!placed->ok() && placed->status().code() != StatusCode::kResourceExhausted) {
+          outcome.status = placed->status().WithContext("key " + QuoteKey(item.key));
+          return outcome;
+        }
+        pin = pin || object->pinned;
+        kept_soft_pin = shard.SoftPinUntil(object);
+        ReleaseLocked(shard, object, Now());
+        if (!placed->ok()) placed = segments_.Allocate(item.size, plan);
+      } else {
+        placed = segments_.Allocate(item.size, plan);
       }
-      auto placed = segments_.Allocate(item.size, plan);
-      if (placed.ok()) {
-        Object* object = shard.Insert(ref, *placed);
+      if (placed->ok()) {
+        Object* object = shard.Insert(ref, **placed);
         object->size = item.size;
         object->put_started = Now();
         object->writer = client.slot;
         object->pinned = pin;
         shard.Link(object, ObjectList::kProcessing);
+        if (!pin) {
+          StagedSoftPin staged;
+          if (options.soft_pin_action == SoftPinAction::kEnable) staged.ttl = soft_pin_ttl;
+          if (options.soft_pin_action == SoftPinAction::kPreserve) staged.until = kept_soft_pin;
+          if (staged.ttl > 0 || staged.until > 0) shard.staged_soft_pins[object] = staged;
+        }
         objects_.fetch_add(1, std::memory_order_relaxed);
         for (const StoredReplica& replica : object->replicas()) {
           outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
         }
         return outcome;
       }
-      if (placed.status().code() != StatusCode::kResourceExhausted || round >= 64) {
-        outcome.status = placed.status().WithContext("key " + QuoteKey(item.key));
+      if (placed->status().code() != StatusCode::kResourceExhausted || round >= 64) {
+        outcome.status = placed->status().WithContext("key " + QuoteKey(item.key));
         return outcome;
       }
     }
@@ -356,6 +453,18 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
   }
 }
 
+void MasterState::ReleaseLocked(Shard& shard, Object* object, int64_t now) {
+  const bool leased = object->Leased(now);
+  const int64_t lease_until = object->lease_until;
+  std::vector<StoredReplica> replicas = EraseLocked(shard, object);
+  if (leased) {
+    // A reader may be copying the bytes until its lease ends: nothing may be written there before.
+    Quarantine(std::move(replicas), lease_until);
+  } else {
+    segments_.Free(replicas);
+  }
+}
+
 Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_id,
                                                      std::span<const std::string_view> keys) {
   LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
@@ -363,6 +472,7 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
   std::vector<Status> results(keys.size());
   uint64_t tick = tick_.fetch_add(keys.size());
   uint64_t ended = 0;
+  const int64_t now = Now();
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
     if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
@@ -386,7 +496,18 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
     object->state = ObjectState::kComplete;
     object->lease_until = 0;
     object->last_access = tick + i + 1;
-    shard.Link(object, object->pinned ? ObjectList::kNone : ObjectList::kLru);
+    int64_t soft_pin_until = 0;
+    if (auto staged = shard.staged_soft_pins.find(object); staged != shard.staged_soft_pins.end()) {
+      soft_pin_until = staged->second.ttl > 0 ? now + staged->second.ttl : staged->second.until;
+      shard.staged_soft_pins.erase(staged);
+    }
+    if (object->pinned) {
+      shard.Link(object, ObjectList::kNone);
+    } else if (soft_pin_until > now) {
+      shard.SetSoftPin(object, soft_pin_until);
+    } else {
+      shard.Link(object, ObjectList::kLru);
+    }
     ++ended;
   }
   counters_.puts.fetch_add(ended, std::memory_order_relaxed);
@@ -552,7 +673,8 @@ Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id
 }
 
 Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_id,
-                                                     std::span<const std::string_view> keys) {
+                                                     std::span<const std::string_view> keys,
+                                                     bool force) {
   LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   std::vector<Status> results(keys.size());
@@ -563,7 +685,6 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
       results[i] = std::move(invalid);
       continue;
     }
-    std::vector<StoredReplica> freed;
     {
       Shard& shard = ShardFor(ref);
       std::lock_guard lock(shard.mu);
@@ -577,42 +698,76 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
             UnavailableError("key " + QuoteKey(ref.key) + " is being written; retry later");
         continue;
       }
-      if (object->Leased(now)) {
+      if (!force && object->Leased(now)) {
         results[i] = UnavailableError(
             "key " + QuoteKey(ref.key) + " is leased to a reader for another " +
             std::to_string((object->lease_until - now) / 1000000 + 1) + " ms; retry later");
         continue;
       }
-      freed = EraseLocked(shard, object);
+      ReleaseLocked(shard, object, now);
     }
-    segments_.Free(freed);
     counters_.removes.fetch_add(1, std::memory_order_relaxed);
   }
   return results;
 }
 
-Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id) {
+Result<RemoveAllOutcome> MasterState::RemoveAll(const std::string& client_id,
+                                                std::string_view tenant, bool force) {
   LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
+  LARDER_RETURN_IF_ERROR(ValidateTenant(tenant));
+  return RemoveWhere(tenant, force, [](std::string_view) { return true; });
+}
+
+Result<RemoveAllOutcome> MasterState::RemoveByRegex(const std::string& client_id,
+                                                    std::string_view tenant,
+                                                    std::string_view pattern, bool force) {
+  LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
+  LARDER_RETURN_IF_ERROR(ValidateTenant(tenant));
+  if (pattern.size() > kMaxRegexBytes) {
+    return InvalidArgumentError("pattern of " + std::to_string(pattern.size()) +
+                                " bytes exceeds the maximum of " + std::to_string(kMaxRegexBytes));
+  }
+  RE2::Options re2_options;
+  re2_options.set_log_errors(false);
+  const RE2 regex(re2::StringPiece(pattern.data(), pattern.size()), re2_options);
+  if (!regex.ok()) return InvalidArgumentError("invalid pattern: " + regex.error());
+  return RemoveWhere(tenant, force, [&regex](std::string_view key) {
+    return RE2::FullMatch(re2::StringPiece(key.data(), key.size()), regex);
+  });
+}
+
+RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
+                                          absl::FunctionRef<bool(std::string_view)> match) {
   RemoveAllOutcome outcome;
   int64_t now = Now();
   for (size_t s = 0; s < shard_count_; ++s) {
     Shard& shard = shards_[s];
-    std::vector<StoredReplica> freed;
+    std::vector<StoredReplica> freed, leased;
+    int64_t leased_until = 0;
     {
       std::lock_guard lock(shard.mu);
       size_t removed = shard.EraseIf([&](const Object* object) {
         if (object->state != ObjectState::kComplete) return false;
+        std::optional<std::string_view> key = KeyInTenant(object->key(), tenant);
+        if (!key.has_value() || !match(*key)) return false;
+        std::vector<StoredReplica>* into = &freed;
         if (object->Leased(now)) {
-          ++outcome.skipped_leased;
-          return false;
+          if (!force) {
+            ++outcome.skipped_leased;
+            return false;
+          }
+          into = &leased;
+          leased_until = std::max(leased_until, object->lease_until);
         }
-        freed.insert(freed.end(), object->replicas().begin(), object->replicas().end());
+        into->insert(into->end(), object->replicas().begin(), object->replicas().end());
         return true;
       });
       objects_.fetch_sub(removed, std::memory_order_relaxed);
       outcome.removed += removed;
     }
     segments_.Free(freed);
+    // One entry for the shard's leased objects, held until the last of their leases ends.
+    if (!leased.empty()) Quarantine(std::move(leased), leased_until);
   }
   counters_.removes.fetch_add(outcome.removed, std::memory_order_relaxed);
   return outcome;
@@ -649,10 +804,38 @@ std::vector<std::pair<std::string, uint64_t>> MasterState::ListKeys(std::string_
   return keys;
 }
 
+std::vector<GetOutcome> MasterState::DescribeKeys(std::span<const std::string_view> keys) const {
+  std::vector<GetOutcome> items(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const KeyRef ref(keys[i]);
+    GetOutcome& outcome = items[i];
+    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
+      outcome.status = std::move(invalid);
+      continue;
+    }
+    Shard& shard = ShardFor(ref);
+    std::lock_guard lock(shard.mu);
+    const Object* object = shard.Find(ref);
+    if (object == nullptr || object->state != ObjectState::kComplete) {
+      outcome.status = NotFoundError("key " + QuoteKey(ref.key) + " not found");
+      continue;
+    }
+    outcome.size = object->size;
+    for (const StoredReplica& replica : object->replicas()) {
+      outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
+    }
+  }
+  return items;
+}
+
 MasterStats MasterState::Stats() const {
   MasterStats stats;
   SegmentTable::Usage usage = segments_.usage();
   stats.objects = objects_.load(std::memory_order_relaxed);
+  for (size_t s = 0; s < shard_count_; ++s) {
+    std::lock_guard lock(shards_[s].mu);
+    stats.soft_pinned_objects += shards_[s].soft_pin_until.size();
+  }
   stats.bytes_used = usage.used;
   stats.bytes_capacity = usage.capacity;
   stats.segments = usage.segments;

@@ -2,6 +2,8 @@
 //
 #pragma once
 
+#include <absl/functional/function_ref.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -28,7 +30,8 @@ namespace larder::master {
 //
 // Objects live in `options.shards` shards, one mutex each; segments and their allocators live in
 // the SegmentTable (its own mutex); clients in a table with its own mutex. Lock order, where two
-// are held: shard, then segment table. Eviction never holds two shard locks.
+// are held: shard, then segment table; the quarantine's mutex is taken last, under either, and
+// nothing is locked under it. Eviction never holds two shard locks.
 //
 // Every data call names the calling client; a client the master does not know (never mounted,
 // expired, or known only to a previous master incarnation) gets FailedPrecondition for the whole
@@ -73,10 +76,20 @@ class MasterState {
 
   // Reserves the keys and places their replicas. Per item: OK with replicas to write (the same
   // ones again when this client's put of the key is already in progress, so a retried call is
-  // harmless); OK with already_exists (stored, or being stored by another client); InvalidArgument
-  // (empty or oversize key, size 0, value larger than every segment, duplicate key in the batch,
-  // more replicas than segments); ResourceExhausted (no space even after evicting everything
-  // evictable).
+  // harmless); OK with already_exists (stored, or being stored by another client; without
+  // options.upsert); InvalidArgument (empty or oversize key, size 0, value larger than every
+  // segment, duplicate key in the batch, more replicas than segments; for every item: a soft-pin
+  // TTL with an action other than kEnable, one above options().max_soft_pin_ttl, or an unknown
+  // action); ResourceExhausted (no space even after evicting everything evictable).
+  //
+  // With options.upsert, a stored key is replaced: the new object is placed (in the old one's
+  // space when it needs it) and the old one is removed, its replicas freed at once, or when its
+  // readers' leases end if it is leased. The new object keeps the old one's hard pin, and with
+  // SoftPinAction::kPreserve its soft-pin deadline. A value that can never be placed
+  // (InvalidArgument) leaves the old object in place; one that finds no space
+  // (ResourceExhausted) leaves the key absent. A key another client is writing: Unavailable.
+  //
+  // The soft-pin action is applied when the put ends (BatchPutEnd); see SoftPinAction.
   Result<std::vector<PutStartOutcome>> BatchPutStart(const std::string& client_id,
                                                      std::span<const PutStartItem> items,
                                                      const PutOptions& options);
@@ -106,11 +119,23 @@ class MasterState {
   // OK when the object is complete, NotFound otherwise. Leases and LRU order are left alone.
   Result<std::vector<Status>> BatchExist(const std::string& client_id,
                                          std::span<const std::string_view> keys);
-  // Per item: NotFound, Unavailable (leased by a reader, or being written: retry later).
+  // Removes complete objects, soft-pinned and hard-pinned ones included. Per item: NotFound,
+  // Unavailable (being written, or leased by a reader without `force`: retry later). With
+  // `force`, a leased object is removed too; its replicas are reused only once its leases ended.
   Result<std::vector<Status>> BatchRemove(const std::string& client_id,
-                                          std::span<const std::string_view> keys);
-  // Removes every complete object that no reader holds a lease on.
-  Result<RemoveAllOutcome> RemoveAll(const std::string& client_id);
+                                          std::span<const std::string_view> keys,
+                                          bool force = false);
+  // Removes every complete object of `tenant` (see KeyInTenant) that no reader holds a lease on;
+  // with `force`, leased ones too (their replicas reused once their leases ended; counted in
+  // `removed`). Objects being written stay. Errors: InvalidArgument (bad tenant name).
+  Result<RemoveAllOutcome> RemoveAll(const std::string& client_id, std::string_view tenant = {},
+                                     bool force = false);
+  // As RemoveAll, for the objects of `tenant` whose key without the tenant prefix matches
+  // `pattern` in full (RE2 syntax, UTF-8; RE2::FullMatch). The pattern is compiled once per call
+  // and matched in time linear in each key. Errors: InvalidArgument (bad tenant name, pattern
+  // longer than kMaxRegexBytes, or not a valid RE2 pattern: RE2's error text).
+  Result<RemoveAllOutcome> RemoveByRegex(const std::string& client_id, std::string_view tenant,
+                                         std::string_view pattern, bool force = false);
 
   // ---- operators ----
 
@@ -118,19 +143,25 @@ class MasterState {
   // Complete objects whose key starts with `prefix`, sorted, at most `limit`.
   std::vector<std::pair<std::string, uint64_t>> ListKeys(std::string_view prefix,
                                                          size_t limit) const;
+  // Size and replicas of complete objects, for operators: no client, no lease, no use. Per item:
+  // NotFound (absent, or still being written), InvalidArgument (empty or oversize key). The
+  // caller bounds the number of keys.
+  std::vector<GetOutcome> DescribeKeys(std::span<const std::string_view> keys) const;
   MasterStats Stats() const;
   // How long leases were held: from grant to release, or the TTL for those that expired.
   LatencyHistogram::Snapshot LeaseHoldTimes() const { return lease_hold_.Read(); }
   // How long each eviction run took.
   LatencyHistogram::Snapshot EvictionTimes() const { return eviction_time_.Read(); }
 
-  // One sweep: expire silent clients and unreleased leases past their TTL, revoke timed-out puts,
-  // release quarantined ranges, and evict down from the high watermark (when one is set). The
-  // sweeper calls it; tests call it with a fake clock.
+  // One sweep: expire silent clients, unreleased leases past their TTL and soft pins past their
+  // deadline, revoke timed-out puts, release quarantined ranges, and evict down from the high
+  // watermark (when one is set). The sweeper calls it; tests call it with a fake clock.
   void RunMaintenance();
 
-  // Evicts least-recently-used objects (never leased, pinned or incomplete ones) until `bytes`
-  // are freed or nothing is evictable. Returns the bytes freed.
+  // Evicts least-recently-used objects (never leased, hard-pinned or incomplete ones) until
+  // `bytes` are freed or nothing is evictable: unpinned objects first; once none is left, soft
+  // pins past their deadline end, and then (with options().evict_soft_pinned) soft-pinned
+  // objects go, least recently used first. Returns the bytes freed.
   uint64_t Evict(uint64_t bytes);
   // Evictions that a put needs: `bytes` plus options.eviction_slack of the capacity.
   uint64_t EvictForPut(uint64_t bytes);
@@ -159,14 +190,32 @@ class MasterState {
   void ReleaseLeasesOf(uint32_t slot, const std::string& client_id,
                        std::span<const uint64_t> lease_ids, std::vector<Status>* results);
   Status ValidateKey(std::string_view key) const;
+  // The TTL (ns) a put's soft pin gets at its end with SoftPinAction::kEnable (0: none), or
+  // InvalidArgument for options that ask for an impossible soft pin.
+  Result<int64_t> SoftPinTtl(const PutOptions& options) const;
   PutStartOutcome PutStartOne(const ClientRecord& client, const PutStartItem& item,
-                              const SegmentTable::Plan& plan, bool pin);
+                              const SegmentTable::Plan& plan, const PutOptions& options,
+                              int64_t soft_pin_ttl);
+  // Takes a complete object out for an upsert or a forced removal: its replicas are freed at
+  // once, or quarantined until its lease ends when a reader holds one.
+  // REQUIRES: shard.mu held.
+  void ReleaseLocked(Shard& shard, Object* object, int64_t now);
   // Before a batch of puts into a nearly full pool: evicts at once what its new keys need beyond
   // the free space, rather than once per key.
   void MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t replicas);
   // Removes the object from the shard (and its list); returns the replicas to free.
   std::vector<StoredReplica> EraseLocked(Shard& shard, Object* object);
-  void Quarantine(std::vector<StoredReplica> replicas);
+  // Keeps the ranges out of use until `release_at` (master clock, ns) at least: they are freed by
+  // the first sweep at or after it that finds every earlier quarantined range released too.
+  void Quarantine(std::vector<StoredReplica> replicas, int64_t release_at);
+  // The removal behind RemoveAll and RemoveByRegex: complete objects of `tenant` whose key in the
+  // tenant `match`es.
+  RemoveAllOutcome RemoveWhere(std::string_view tenant, bool force,
+                               absl::FunctionRef<bool(std::string_view)> match);
+  // The eviction rounds of Evict over one list (kLru or kSoftPinned) of every shard.
+  uint64_t EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scanned, uint64_t* evicted);
+  // Ends the soft pins past their deadline in every shard; returns how many.
+  size_t ExpireSoftPins(int64_t now);
   // Drops replicas on `segments` everywhere; revokes the puts of `writer_slot` (if non-zero).
   void DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot);
   void ExpireClients(int64_t now);

@@ -7,105 +7,12 @@
 #include <set>
 #include <thread>
 
+#include "master/master_state_test_fixture.h"
+
 namespace larder::master {
 namespace {
 
 using std::chrono::milliseconds;
-
-class MasterStateTest : public ::testing::Test {
- protected:
-  MasterStateTest() : MasterStateTest([](MasterOptions&) {}) {}
-  explicit MasterStateTest(const std::function<void(MasterOptions&)>& tweak)
-      : state_(MakeOptions(tweak)) {}
-
-  MasterOptions MakeOptions(const std::function<void(MasterOptions&)>& tweak) {
-    MasterOptions options;
-    options.clock = [this] { return now_; };
-    options.lease_ttl = milliseconds(1000);
-    options.client_ttl = milliseconds(5000);
-    options.put_timeout = milliseconds(3000);
-    options.max_key_size = 64;
-    options.shards = 8;
-    tweak(options);
-    return options;
-  }
-
-  void Advance(milliseconds d) { now_ += d; }
-
-  SegmentId Mount(const std::string& client, const std::string& name, uint64_t size,
-                  uint64_t base = 0x100000, const std::string& host = "host-a") {
-    SegmentMount mount{name, base, size, "{}"};
-    auto results = state_.MountSegments(client, host, std::span(&mount, 1));
-    EXPECT_TRUE(results[0].ok()) << results[0].status();
-    return results[0].ok() ? *results[0] : 0;
-  }
-
-  PutStartOutcome PutStart(const std::string& client, const std::string& key, uint64_t size,
-                           PutOptions options = {}) {
-    PutStartItem item{key, size};
-    auto results = state_.BatchPutStart(client, std::span(&item, 1), options);
-    EXPECT_TRUE(results.ok()) << results.status();
-    if (!results.ok()) {
-      PutStartOutcome failed;
-      failed.status = results.status();
-      return failed;
-    }
-    return (*results)[0];
-  }
-
-  Status One(const Result<std::vector<Status>>& results) {
-    if (!results.ok()) return results.status();
-    return results->at(0);
-  }
-  Status PutEnd(const std::string& client, std::string_view key) {
-    return One(state_.BatchPutEnd(client, std::span(&key, 1)));
-  }
-  Status Put(const std::string& client, const std::string& key, uint64_t size,
-             PutOptions options = {}) {
-    PutStartOutcome start = PutStart(client, key, size, options);
-    if (!start.status.ok() || start.already_exists) return start.status;
-    return PutEnd(client, key);
-  }
-  // Puts pages k<first> .. k<last - 1> of 4 KiB as client "a"; the first failure, if any.
-  Status PutPages(int first, int last) {
-    for (int i = first; i < last; ++i) {
-      Status status = Put("a", "k" + std::to_string(i), 4096);
-      if (!status.ok()) return status.WithContext("k" + std::to_string(i));
-    }
-    return Status::Ok();
-  }
-  // A get of one key, and its lease id (0: none).
-  GetOutcome Get(const std::string& client, std::string_view key, uint64_t* lease_id = nullptr,
-                 GetMode mode = GetMode::kLease) {
-    auto batch = state_.BatchGetReplicas(client, std::span(&key, 1), mode);
-    if (lease_id != nullptr) *lease_id = batch.ok() ? batch->lease_id : 0;
-    if (!batch.ok()) {
-      GetOutcome failed;
-      failed.status = batch.status();
-      return failed;
-    }
-    return batch->items[0];
-  }
-  uint64_t Lease(const std::string& client, std::string_view key) {
-    uint64_t lease_id = 0;
-    GetOutcome got = Get(client, key, &lease_id);
-    EXPECT_TRUE(got.status.ok()) << got.status;
-    EXPECT_NE(lease_id, 0u);
-    return lease_id;
-  }
-  Status Release(const std::string& client, uint64_t lease_id) {
-    return One(state_.ReleaseLeases(client, std::span(&lease_id, 1)));
-  }
-  Status Exist(const std::string& client, std::string_view key) {
-    return One(state_.BatchExist(client, std::span(&key, 1)));
-  }
-  Status Remove(const std::string& client, std::string_view key) {
-    return One(state_.BatchRemove(client, std::span(&key, 1)));
-  }
-
-  Clock::time_point now_ = Clock::time_point(std::chrono::hours(1));
-  MasterState state_;
-};
 
 TEST_F(MasterStateTest, PutThenGetReturnsTheSameReplica) {
   SegmentId segment = Mount("a", "seg-a", 1 << 20);
@@ -591,12 +498,6 @@ TEST_F(MasterStateTest, BatchGetTakesOneLeaseForEveryObjectFound) {
 }
 
 // ---- eviction keeps the pool full ----
-
-class ExactEvictionTest : public MasterStateTest {
- protected:
-  ExactEvictionTest()
-      : MasterStateTest([](MasterOptions& options) { options.eviction_slack = 0; }) {}
-};
 
 TEST_F(ExactEvictionTest, APutEvictsOnlyWhatItNeeds) {
   Mount("a", "seg-a", 200 * 4096);

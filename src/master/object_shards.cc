@@ -34,6 +34,7 @@ Object* Shard::Insert(const KeyRef& ref, std::span<const StoredReplica> replicas
 
 void Shard::Erase(Object* object) {
   Unlink(object);
+  ForgetSoftPin(object);
   objects.erase(object);
   Object::Retire(object);
 }
@@ -48,6 +49,86 @@ void Shard::Link(Object* object, ObjectList list) {
   ends.newest = object;
   if (ends.oldest == nullptr) ends.oldest = object;
   object->list = list;
+}
+
+ObjectListEnds& Shard::Ends(ObjectList list) {
+  switch (list) {
+    case ObjectList::kLru:
+      return lru;
+    case ObjectList::kSoftPinned:
+      return soft_pinned;
+    case ObjectList::kProcessing:
+    case ObjectList::kNone:
+      break;
+  }
+  return processing;
+}
+
+void Shard::LinkInOrder(Object* object, ObjectList list) {
+  Unlink(object);
+  if (list == ObjectList::kNone) return;
+  ObjectListEnds& ends = Ends(list);
+  const uint64_t tick = object->last_access;
+  // The object goes right after the newest object not newer than it (nullptr: at the old end).
+  // Both ends are searched at once: a recently used object is found near the new end, a long
+  // unused one near the old end. The two walks take the same number of steps, so while the one
+  // from the new end has not run off the list, neither has the one from the old end.
+  Object* after = nullptr;
+  for (Object *from_new = ends.newest, *from_old = ends.oldest; from_new != nullptr;
+       from_new = from_new->older, from_old = from_old->newer) {
+    if (from_new->last_access <= tick) {
+      after = from_new;
+      break;
+    }
+    if (from_old->last_access > tick) {
+      after = from_old->older;
+      break;
+    }
+  }
+  object->list = list;
+  object->older = after;
+  object->newer = after == nullptr ? ends.oldest : after->newer;
+  if (object->older != nullptr) {
+    object->older->newer = object;
+  } else {
+    ends.oldest = object;
+  }
+  if (object->newer != nullptr) {
+    object->newer->older = object;
+  } else {
+    ends.newest = object;
+  }
+}
+
+void Shard::SetSoftPin(Object* object, int64_t until) {
+  soft_pin_until[object] = until;
+  soft_pin_expiry_.emplace(until, object);
+  if (soft_pin_expiry_.size() > 2 * soft_pin_until.size() + 64) {
+    std::vector<Deadline> live;
+    live.reserve(soft_pin_until.size());
+    for (const auto& [pinned, deadline] : soft_pin_until) live.emplace_back(deadline, pinned);
+    soft_pin_expiry_ = decltype(soft_pin_expiry_)(std::greater<>(), std::move(live));
+  }
+  if (object->list != ObjectList::kSoftPinned) LinkInOrder(object, ObjectList::kSoftPinned);
+}
+
+void Shard::ClearSoftPin(Object* object) {
+  if (soft_pin_until.erase(object) == 0) return;
+  LinkInOrder(object, ObjectList::kLru);
+}
+
+size_t Shard::ExpireSoftPins(int64_t now) {
+  size_t expired = 0;
+  while (!soft_pin_expiry_.empty() && soft_pin_expiry_.top().first <= now) {
+    auto [deadline, object] = soft_pin_expiry_.top();
+    soft_pin_expiry_.pop();
+    auto it = soft_pin_until.find(object);
+    if (it == soft_pin_until.end() || it->second != deadline) continue;  // a stale entry
+    soft_pin_until.erase(it);
+    LinkInOrder(object, ObjectList::kLru);
+    ++expired;
+  }
+  return expired;
 }
 
 void Shard::Unlink(Object* object) {

@@ -10,15 +10,20 @@
 // request key is ever copied.
 #pragma once
 
+#include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <queue>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "master/segment_table.h"
 
@@ -31,9 +36,16 @@ enum class ObjectState : uint8_t {
 
 // Which of its shard's intrusive lists an object is on.
 enum class ObjectList : uint8_t {
-  kNone,        // pinned complete objects
+  kNone,        // hard-pinned complete objects
   kLru,         // complete, unpinned: eviction candidates, least recently used at the old end
   kProcessing,  // puts in progress, oldest first: the sweeper revokes those past the timeout
+  kSoftPinned,  // complete, soft-pinned: evicted after every kLru object, in LRU order as kLru
+};
+
+// What a put in progress does to its object's soft pin when it ends.
+struct StagedSoftPin {
+  int64_t ttl = 0;    // > 0: soft-pinned until the put's end + ttl (ns)
+  int64_t until = 0;  // with ttl 0: this deadline (master clock, ns), kept from a replaced object
 };
 
 // A key and its hash, computed once and used for both the shard and the lookup in it.
@@ -158,6 +170,12 @@ struct ObjectListEnds {
 
 // One lock's worth of objects. Everything in a Shard is guarded by `mu`, except each object's
 // `holds`. The shard owns its objects: Erase and the destructor retire them (Object::Retire).
+//
+// Soft pins live beside the objects, not in their header (which every object pays for, and
+// which is full): a complete soft-pinned object is on the `soft_pinned` list and has its deadline
+// in `soft_pin_until`; a put in progress that will soft-pin its object at its end has an entry in
+// `staged_soft_pins`. Objects without a soft pin cost nothing there; a soft-pinned one about 40
+// bytes (its map slot and its entry in the expiry queue).
 struct Shard {
   using ObjectSet = absl::flat_hash_set<Object*, ObjectHash, ObjectKeyEq>;
 
@@ -170,6 +188,11 @@ struct Shard {
   ObjectSet objects;
   ObjectListEnds lru;
   ObjectListEnds processing;
+  ObjectListEnds soft_pinned;
+  // Deadline (master clock, ns) of each object on `soft_pinned`.
+  absl::flat_hash_map<Object*, int64_t> soft_pin_until;
+  // Of the puts in progress that will soft-pin their object when they end.
+  absl::flat_hash_map<Object*, StagedSoftPin> staged_soft_pins;
 
   // The object stored under `ref`, or nullptr.
   Object* Find(const KeyRef& ref) const {
@@ -178,8 +201,8 @@ struct Shard {
   }
   // Creates and indexes a new object. REQUIRES: Find(ref) == nullptr.
   Object* Insert(const KeyRef& ref, std::span<const StoredReplica> replicas);
-  // Takes the object off its list and out of the index, and retires it: destroyed now, or when
-  // its last lease ends.
+  // Takes the object off its list, out of the index and out of the soft-pin tables, and retires
+  // it: destroyed now, or when its last lease ends.
   void Erase(Object* object);
   // Erases (as Erase) every object for which `pred(object)` is true; returns how many.
   template <typename Pred>
@@ -187,16 +210,47 @@ struct Shard {
 
   // Puts `object` at the new end of `list`, taking it off the list it was on.
   void Link(Object* object, ObjectList list);
+  // Puts `object` on `list` where its last_access keeps the list ordered by last_access, taking
+  // it off the list it was on. Costs the distance to the nearer end of the list.
+  void LinkInOrder(Object* object, ObjectList list);
   // Takes `object` off its list, if any.
   void Unlink(Object* object);
-  // Marks a use: newest on the LRU list, if it is on it.
+  // Marks a use: newest on its LRU list (kLru or kSoftPinned), if it is on one.
   void LruTouch(Object* object, uint64_t tick) {
     object->last_access = tick;
-    if (object->list == ObjectList::kLru) Link(object, ObjectList::kLru);
+    if (object->list == ObjectList::kLru || object->list == ObjectList::kSoftPinned) {
+      Link(object, object->list);
+    }
   }
+  // The ends of `list`. REQUIRES: list != ObjectList::kNone (which is no list).
+  ObjectListEnds& Ends(ObjectList list);
+
+  // Soft-pins the object until `until` (master clock, ns), replacing any earlier deadline, and
+  // moves it onto `soft_pinned`. REQUIRES: the object is complete and not hard-pinned.
+  void SetSoftPin(Object* object, int64_t until);
+  // Ends the object's soft pin, if it has one: it goes back onto the LRU list, in tick order.
+  void ClearSoftPin(Object* object);
+  // The deadline of the object's soft pin; 0 when it has none.
+  int64_t SoftPinUntil(Object* object) const {
+    auto it = soft_pin_until.find(object);
+    return it == soft_pin_until.end() ? 0 : it->second;
+  }
+  // Ends (as ClearSoftPin) every soft pin whose deadline is at or before `now`; returns how many.
+  size_t ExpireSoftPins(int64_t now);
 
  private:
-  ObjectListEnds& Ends(ObjectList list) { return list == ObjectList::kLru ? lru : processing; }
+  // Drops the object's entries in the soft-pin tables.
+  void ForgetSoftPin(Object* object) {
+    if (!soft_pin_until.empty()) soft_pin_until.erase(object);
+    if (!staged_soft_pins.empty()) staged_soft_pins.erase(object);
+  }
+
+  // (deadline, object) of every soft pin set, earliest first. An entry whose object no longer has
+  // that deadline in soft_pin_until (unpinned, re-pinned or erased since) is dropped when it comes
+  // up; its pointer is only compared, never followed, so a destroyed object's entry is harmless.
+  // Rebuilt from soft_pin_until when stale entries outnumber live ones.
+  using Deadline = std::pair<int64_t, Object*>;
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> soft_pin_expiry_;
 };
 
 template <typename Pred>
@@ -209,6 +263,7 @@ size_t Shard::EraseIf(Pred pred) {
       continue;
     }
     Unlink(object);
+    ForgetSoftPin(object);
     objects.erase(it++);  // erasing leaves the other iterators of a flat_hash_set valid
     Object::Retire(object);
     ++erased;

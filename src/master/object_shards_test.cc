@@ -125,5 +125,72 @@ TEST(ShardTest, LruTouchMovesAnObjectToTheNewEnd) {
   EXPECT_EQ(pinned->list, ObjectList::kNone);
 }
 
+// The keys on `list`, oldest first.
+std::vector<std::string> Walk(Shard& shard, ObjectList list) {
+  std::vector<std::string> keys;
+  for (Object* object = shard.Ends(list).oldest; object != nullptr; object = object->newer) {
+    keys.emplace_back(object->key());
+  }
+  return keys;
+}
+
+TEST(ShardTest, LinkInOrderKeepsTheListOrderedByLastAccess) {
+  Shard shard;
+  for (int tick : {10, 20, 30, 40, 50}) {
+    Object* object = shard.Insert(KeyRef("k" + std::to_string(tick)), Replicas(1));
+    object->last_access = static_cast<uint64_t>(tick);
+    shard.Link(object, ObjectList::kLru);
+  }
+  // Older than all, newer than all, near the old end, near the new end, equal to one.
+  for (int tick : {5, 60, 15, 45, 30}) {
+    Object* object = shard.Insert(KeyRef("n" + std::to_string(tick)), Replicas(1));
+    object->last_access = static_cast<uint64_t>(tick);
+    shard.LinkInOrder(object, ObjectList::kLru);
+  }
+  EXPECT_EQ(Walk(shard, ObjectList::kLru),
+            (std::vector<std::string>{"n5", "k10", "n15", "k20", "k30", "n30", "k40", "n45", "k50",
+                                      "n60"}));
+  EXPECT_EQ(shard.lru.newest->key(), "n60");
+  // Into an empty list, and moved from another list.
+  Object* moved = shard.Find(KeyRef("k30"));
+  shard.LinkInOrder(moved, ObjectList::kSoftPinned);
+  EXPECT_EQ(Walk(shard, ObjectList::kSoftPinned), std::vector<std::string>{"k30"});
+  EXPECT_EQ(Walk(shard, ObjectList::kLru).size(), 9u);
+}
+
+TEST(ShardTest, SoftPinsMoveObjectsBetweenListsAndExpireInDeadlineOrder) {
+  Shard shard;
+  std::vector<Object*> objects;
+  for (int i = 0; i < 4; ++i) {
+    Object* object = shard.Insert(KeyRef("k" + std::to_string(i)), Replicas(1));
+    object->last_access = static_cast<uint64_t>(i + 1);
+    shard.Link(object, ObjectList::kLru);
+    objects.push_back(object);
+  }
+  shard.SetSoftPin(objects[0], 300);
+  shard.SetSoftPin(objects[2], 100);
+  shard.SetSoftPin(objects[3], 200);
+  EXPECT_EQ(Walk(shard, ObjectList::kSoftPinned), (std::vector<std::string>{"k0", "k2", "k3"}));
+  EXPECT_EQ(Walk(shard, ObjectList::kLru), std::vector<std::string>{"k1"});
+  EXPECT_EQ(shard.SoftPinUntil(objects[2]), 100);
+  EXPECT_EQ(shard.SoftPinUntil(objects[1]), 0);
+  // A new deadline replaces the old one; unpinning and erasing drop theirs.
+  shard.SetSoftPin(objects[2], 400);
+  shard.ClearSoftPin(objects[3]);
+  shard.Erase(objects[0]);
+  EXPECT_EQ(shard.soft_pin_until.size(), 1u);
+  EXPECT_EQ(Walk(shard, ObjectList::kLru), (std::vector<std::string>{"k1", "k3"}));
+  EXPECT_EQ(shard.ExpireSoftPins(399), 0u);  // the stale entries (100, 200, 300) end nothing
+  EXPECT_EQ(shard.ExpireSoftPins(400), 1u);
+  EXPECT_TRUE(shard.soft_pin_until.empty());
+  EXPECT_EQ(Walk(shard, ObjectList::kLru), (std::vector<std::string>{"k1", "k2", "k3"}));
+  // Pins set and dropped many times (the stale entries are compacted away) end nothing.
+  for (int i = 0; i < 10000; ++i) {
+    shard.SetSoftPin(objects[1], 1000 + i);
+    shard.ClearSoftPin(objects[1]);
+  }
+  EXPECT_EQ(shard.ExpireSoftPins(INT64_MAX), 0u);
+}
+
 }  // namespace
 }  // namespace larder::master

@@ -257,6 +257,14 @@ class MasterService final : public proto::Master::Service {
     options.avoid_segments.assign(request->avoid_segments().begin(),
                                   request->avoid_segments().begin() + avoid);
     options.pin = request->pin();
+    // Any other value, as the proto's enums are open, is refused by the state as unknown.
+    options.soft_pin_action = static_cast<SoftPinAction>(request->soft_pin_action());
+    if (request->has_soft_pin_ttl_ms()) {
+      // Clamped, not wrapped: any TTL this large is past the maximum and refused.
+      options.soft_pin_ttl = std::chrono::milliseconds(
+          static_cast<int64_t>(std::min<uint64_t>(request->soft_pin_ttl_ms(), INT64_MAX)));
+    }
+    options.upsert = request->upsert();
     auto results = state_->BatchPutStart(request->client_id(), items, options);
     if (!results.ok()) return ToGrpc(results.status());
     reply->mutable_results()->Reserve(static_cast<int>(results->size()));
@@ -357,7 +365,8 @@ class MasterService final : public proto::Master::Service {
     }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
-    return StatusList(state_->BatchRemove(request->client_id(), Keys(*request)), reply);
+    return StatusList(state_->BatchRemove(request->client_id(), Keys(*request), request->force()),
+                      reply);
   }
 
   grpc::Status RemoveAll(grpc::ServerContext* context, const proto::RemoveAllRequest* request,
@@ -365,7 +374,23 @@ class MasterService final : public proto::Master::Service {
     if (auto denied = Authorize(context, "RemoveAll", *request, Need::kAdmin); !denied.ok()) {
       return denied;
     }
-    auto outcome = state_->RemoveAll(request->client_id());
+    auto outcome = state_->RemoveAll(request->client_id(), request->tenant(), request->force());
+    if (!outcome.ok()) return ToGrpc(outcome.status());
+    reply->set_removed(outcome->removed);
+    reply->set_skipped_leased(outcome->skipped_leased);
+    return grpc::Status::OK;
+  }
+
+  // A client removes keys by pattern as it removes them one by one (BatchRemove): in its own name,
+  // with no operator session. RemoveAll, which needs none of the keys, stays an operator's call.
+  grpc::Status RemoveByRegex(grpc::ServerContext* context,
+                             const proto::RemoveByRegexRequest* request,
+                             proto::RemoveAllReply* reply) override {
+    if (auto denied = Authorize(context, "RemoveByRegex", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    auto outcome = state_->RemoveByRegex(request->client_id(), request->tenant(),
+                                         request->pattern(), request->force());
     if (!outcome.ok()) return ToGrpc(outcome.status());
     reply->set_removed(outcome->removed);
     reply->set_skipped_leased(outcome->skipped_leased);

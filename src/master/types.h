@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,13 @@ struct MasterOptions {
   uint64_t allocation_alignment = 64;
   // How often the background sweeper runs liveness, zombie-put and watermark checks.
   std::chrono::milliseconds sweep_interval{100};
+  // A soft pin asked without a TTL (PutOptions::soft_pin_ttl absent) lasts this long.
+  std::chrono::milliseconds default_soft_pin_ttl{std::chrono::minutes(30)};
+  // The longest soft pin a put may ask for; a longer one is refused (InvalidArgument).
+  std::chrono::milliseconds max_soft_pin_ttl{std::chrono::hours(24)};
+  // Whether eviction may take soft-pinned objects (oldest first) once no unpinned object is left
+  // to evict. false: soft-pinned objects are evicted only after their pin ran out.
+  bool evict_soft_pinned = true;
   // Time source; tests substitute a fake clock.
   std::function<Clock::time_point()> clock = [] { return Clock::now(); };
 };
@@ -84,11 +92,29 @@ struct ReplicaLocation {
 // Most replicas one object may have.
 inline constexpr uint32_t kMaxReplicas = 64;
 
+// What a put does to its object's soft pin, when the put ends (BatchPutEnd). Values as
+// proto::SoftPinAction; any other value is refused (InvalidArgument).
+enum class SoftPinAction : int32_t {
+  kPreserve = 0,  // an upsert keeps the replaced object's deadline; a new key gets no soft pin
+  kEnable = 1,    // soft-pinned until the put's end + the TTL
+  kDisable = 2,   // no soft pin
+};
+
 struct PutOptions {
   uint32_t replica_num = 1;                     // 1..kMaxReplicas
   std::vector<std::string> preferred_segments;  // names, tried in order before the strategy
   std::vector<uint64_t> avoid_segments;  // ids the writer cannot reach: left out if others suffice
+  // Hard pin: never evicted (removal still works). An upsert keeps the replaced object's pin.
   bool pin = false;
+  // Soft pin: evicted only after every unpinned object, until its deadline (see
+  // MasterOptions::evict_soft_pinned). Default: kPreserve.
+  SoftPinAction soft_pin_action = SoftPinAction::kPreserve;
+  // Only with kEnable (otherwise InvalidArgument); at most MasterOptions::max_soft_pin_ttl.
+  // Absent: MasterOptions::default_soft_pin_ttl. Zero: no soft pin. Default: absent.
+  std::optional<std::chrono::milliseconds> soft_pin_ttl;
+  // A key stored and complete is replaced by the new value instead of being kept (its old
+  // replicas are freed once no reader can be copying them). Default: false (objects immutable).
+  bool upsert = false;
 };
 
 // Replica locations of one object. Most objects have one or two replicas, which are then held
@@ -167,13 +193,27 @@ std::string QuoteKey(std::string_view key);
 // InvalidArgument when a call carries more than kMaxBatchItems `what`s.
 Status CheckBatchSize(size_t items, const char* what);
 
+// Tenants are key namespaces: the keys of tenant T (non-empty) are "\0" + T + "\0" + key; the
+// default tenant's ("") are the keys that do not start with '\0', and "\0\0" + key for a key
+// that does. A tenant name has at most kMaxTenantBytes bytes and no '\0'.
+inline constexpr size_t kMaxTenantBytes = 128;
+// Longest pattern RemoveByRegex accepts.
+inline constexpr size_t kMaxRegexBytes = 4096;
+
+// InvalidArgument unless `tenant` is a valid tenant name ("" is the default tenant).
+Status ValidateTenant(std::string_view tenant);
+// The key without its tenant prefix when `key` belongs to `tenant`, nullopt otherwise.
+// REQUIRES: ValidateTenant(tenant).ok().
+std::optional<std::string_view> KeyInTenant(std::string_view key, std::string_view tenant);
+
 struct RemoveAllOutcome {
-  uint64_t removed = 0;
-  uint64_t skipped_leased = 0;
+  uint64_t removed = 0;         // leased objects removed by a forced call included
+  uint64_t skipped_leased = 0;  // leased objects left in place (calls without force)
 };
 
 struct MasterStats {
   uint64_t objects = 0;
+  uint64_t soft_pinned_objects = 0;  // complete objects with a soft pin that has not run out
   uint64_t bytes_used = 0;
   uint64_t bytes_capacity = 0;
   uint64_t segments = 0;

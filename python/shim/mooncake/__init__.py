@@ -11,3 +11,14 @@ TransferEngine`` then resolve to ``larder.compat.mooncake``.
 """
 
 IS_LARDER = True  # lets applications (and tests) tell the shim from the real Mooncake
+
+__all__ = ["BufferPool", "RegisteredBufferPool"]
+
+
+def __getattr__(name: str):
+    # Lazily, as Mooncake's package does: importing `mooncake` loads no store.
+    if name in __all__:
+        from larder.compat.mooncake import _buffers
+
+        return getattr(_buffers, name)
+    raise AttributeError(f"module 'mooncake' has no attribute {name!r}")

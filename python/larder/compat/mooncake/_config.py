@@ -1,0 +1,178 @@
+# Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+"""setup() configuration: defaults, MOONCAKE_* variables, config files, protocol names."""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import os
+import socket
+import threading
+import warnings
+from collections.abc import Mapping
+
+import larder
+
+_log = logging.getLogger("larder.compat.mooncake")
+
+
+_warned_protocols: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def map_protocol(protocol: str | None) -> str:
+    """The Larder protocol for a Mooncake protocol name.
+
+    Names Larder knows ("tcp", "shm", "auto", comma lists of them) pass through; "" stays "" (the
+    engine then reads LARDER_STORE_PROTOCOL / LARDER_PROTOCOL, else "auto"); any other name
+    ("rdma", "nvlink", ...) becomes "auto", with one warning per name per process.
+    """
+    name = (protocol or "").strip().lower()
+    if not name:
+        return ""
+    try:
+        larder.parse_protocol(name)
+        return name
+    except larder.InvalidArgumentError:
+        pass
+    with _warn_lock:
+        first = name not in _warned_protocols
+        _warned_protocols.add(name)
+    if first:
+        message = (f"Larder has no '{name}' transport; using 'auto' (local memcpy, shm between "
+                   "processes of one host, tcp between hosts)")
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        _log.warning(message)
+    return "auto"
+
+
+_DEFAULTS = {
+    "local_hostname": "127.0.0.1",
+    "metadata_server": "P2PHANDSHAKE",
+    "global_segment_size": 16 * 1024 * 1024,
+    "local_buffer_size": 1024 * 1024 * 1024,
+    "protocol": "tcp",
+    "rdma_devices": "",
+    "master_server_addr": "127.0.0.1:50051",
+    "tenant_id": "default",
+    "enable_client_http_server": False,
+    "client_http_port": 9300,
+    "enable_ssd_offload": False,
+    "ssd_offload_path": "",
+}
+
+# Spellings found in Mooncake, SGLang and LMCache configuration files, mapped to setup()'s names.
+_CONFIG_KEYS = {
+    "local_hostname": "local_hostname",
+    "metadata_server": "metadata_server",
+    "global_segment_size": "global_segment_size",
+    "local_buffer_size": "local_buffer_size",
+    "protocol": "protocol",
+    "rdma_devices": "rdma_devices",
+    "device_name": "rdma_devices",
+    "master_server_addr": "master_server_addr",
+    "master_server_address": "master_server_addr",
+    "tenant_id": "tenant_id",
+    "enable_client_http_server": "enable_client_http_server",
+    "client_http_port": "client_http_port",
+    "enable_ssd_offload": "enable_ssd_offload",
+    "ssd_offload_path": "ssd_offload_path",
+}
+
+_ENV_KEYS = {
+    "MOONCAKE_LOCAL_HOSTNAME": "local_hostname",
+    "MOONCAKE_TE_META_DATA_SERVER": "metadata_server",
+    "MOONCAKE_GLOBAL_SEGMENT_SIZE": "global_segment_size",
+    "MOONCAKE_LOCAL_BUFFER_SIZE": "local_buffer_size",
+    "MOONCAKE_PROTOCOL": "protocol",
+    "MOONCAKE_DEVICE": "rdma_devices",
+    "MOONCAKE_MASTER": "master_server_addr",
+    "MOONCAKE_TENANT_ID": "tenant_id",
+}
+
+
+def _normalize(config: Mapping) -> dict:
+    out = {}
+    for key, value in config.items():
+        name = _CONFIG_KEYS.get(key)
+        if name is None:
+            _log.debug("ignoring Mooncake config key %r", key)
+        elif value is not None:
+            out[name] = value
+    return out
+
+
+def load_config(overrides: Mapping | None = None) -> dict:
+    """Resolves setup()'s arguments: ``overrides`` (non-None values), then the MOONCAKE_*
+    environment variables, then the JSON file named by MOONCAKE_CONFIG_PATH, then Mooncake's
+    defaults. Sizes come back as ints. Raises ValueError for an unreadable file or a bad size."""
+    config = dict(_DEFAULTS)
+    path = os.environ.get("MOONCAKE_CONFIG_PATH")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                config.update(_normalize(json.load(f)))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"MOONCAKE_CONFIG_PATH={path}: {e}") from e
+    for variable, name in _ENV_KEYS.items():
+        value = os.environ.get(variable)
+        if value:
+            config[name] = value
+    if overrides:
+        config.update(_normalize(overrides))
+    for name in ("global_segment_size", "local_buffer_size"):
+        try:
+            config[name] = larder.parse_size(_trimmed(config[name]))
+        except larder.LarderError as e:
+            raise ValueError(f"{name}: {e}") from e
+    for name in ("enable_client_http_server", "enable_ssd_offload"):
+        config[name] = _flag(name, config[name])
+    try:
+        config["client_http_port"] = int(_trimmed(config["client_http_port"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"client_http_port: {e}") from e
+    if not 0 <= config["client_http_port"] <= 65535:
+        raise ValueError(f"client_http_port {config['client_http_port']} is not a port")
+    return config
+
+
+def _trimmed(value):
+    """Strings of the dict form are trimmed (" 9300 "), as Mooncake's setup(config) does."""
+    return value.strip() if isinstance(value, str) else value
+
+
+def _flag(name: str, value) -> bool:
+    """A bool, or its text in the dict form ("true", " 1 ", "off")."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off", "none"):
+        return False
+    raise ValueError(f"{name}: '{value}' is not a boolean")
+
+
+def _split_host(local_hostname: str) -> tuple[str, int]:
+    """("ip", port) from "host", "host:port"; host names resolve to IPv4 addresses."""
+    host, port = local_hostname, 0
+    if local_hostname.count(":") == 1:
+        host, _, port_text = local_hostname.partition(":")
+        port = int(port_text)
+    return socket.gethostbyname(host), port
+
+
+def _positive_int(value) -> bool:
+    """True for an int (or an integer scalar such as numpy.uint64) above 0."""
+    if isinstance(value, bool):
+        return False
+    try:
+        return operator.index(value) > 0
+    except TypeError:
+        return False
+
+
+_is_address = _positive_int
+_is_size = _positive_int
+

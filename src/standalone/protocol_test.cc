@@ -1,0 +1,240 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The LSC1 codec against good, truncated, oversized and random payloads, and the socket address
+// forms.
+#include "standalone/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "standalone/frame_io.h"
+
+namespace larder::standalone {
+namespace {
+
+PutConfig SampleConfig() {
+  PutConfig config;
+  config.replica_num = 2;
+  config.preferred_segments = {"a:1", "b:2"};
+  config.pin = true;
+  config.soft_pin_action = SoftPinAction::kEnable;
+  config.soft_pin_ttl = std::chrono::milliseconds(1500);
+  config.overwrite = true;
+  return config;
+}
+
+std::string EncodedPut() {
+  WireWriter out;
+  out.PutConfig(SampleConfig());
+  std::vector<KeyedBuffer> items = {{"k1", {0x1000, 10}}, {std::string("k\0two", 5), {0x2000, 7}}};
+  EncodeKeyedBuffers(items, &out);
+  return out.Take();
+}
+
+TEST(WireTest, PutFromRoundTrips) {
+  std::string payload = EncodedPut();
+  WireReader in(payload);
+  PutConfig config = in.PutConfig();
+  std::vector<KeyedBuffer> items = DecodeKeyedBuffers(&in);
+  ASSERT_TRUE(in.Finish().ok()) << in.Finish();
+  EXPECT_EQ(config.replica_num, 2u);
+  EXPECT_EQ(config.preferred_segments, (std::vector<std::string>{"a:1", "b:2"}));
+  EXPECT_TRUE(config.pin);
+  EXPECT_EQ(config.soft_pin_action, SoftPinAction::kEnable);
+  ASSERT_TRUE(config.soft_pin_ttl.has_value());
+  EXPECT_EQ(config.soft_pin_ttl->count(), 1500);
+  EXPECT_TRUE(config.overwrite);
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[1].key, std::string("k\0two", 5));
+  EXPECT_EQ(items[1].buffer.address, 0x2000u);
+  EXPECT_EQ(items[1].buffer.size, 7u);
+}
+
+TEST(WireTest, EveryTruncationIsMalformed) {
+  std::string payload = EncodedPut();
+  for (size_t n = 0; n < payload.size(); ++n) {
+    WireReader in(std::string_view(payload).substr(0, n));
+    in.PutConfig();
+    DecodeKeyedBuffers(&in);
+    EXPECT_EQ(in.Finish().code(), StatusCode::kInvalidArgument) << "prefix of " << n << " bytes";
+  }
+  const std::string longer = payload + "x";
+  WireReader trailing(longer);
+  trailing.PutConfig();
+  DecodeKeyedBuffers(&trailing);
+  EXPECT_NE(trailing.Finish().message().find("trailing"), std::string::npos);
+}
+
+TEST(WireTest, CountsCannotPromiseMoreThanTheBytesHold) {
+  WireWriter out;
+  out.U32(kMaxBatchKeys);  // 65536 keys in 8 bytes
+  out.U64(0);
+  WireReader in(out.data());
+  std::vector<std::string> keys = in.Keys();
+  EXPECT_TRUE(keys.empty());
+  EXPECT_NE(in.Finish().message().find("cannot fit"), std::string::npos) << in.Finish();
+
+  WireWriter many;
+  many.U32(kMaxBatchKeys + 1);
+  WireReader over(many.data());
+  over.Keys();
+  EXPECT_NE(over.Finish().message().find("split the batch"), std::string::npos) << over.Finish();
+}
+
+TEST(WireTest, OversizedStringsAndBadEnumsAreRefused) {
+  {
+    WireWriter out;
+    out.U32(1);
+    out.U32(kMaxKeyBytes + 1);  // the length alone; no bytes follow
+    WireReader in(out.data());
+    in.Keys();
+    EXPECT_NE(in.Finish().message().find("exceeds the limit"), std::string::npos) << in.Finish();
+  }
+  {
+    PutConfig config;
+    WireWriter out;
+    out.PutConfig(config);
+    std::string bytes = out.Take();
+    bytes[4 + 4 + 1] = 7;  // soft pin action after replica_num, count, pin
+    WireReader in(bytes);
+    in.PutConfig();
+    EXPECT_NE(in.Finish().message().find("soft pin action"), std::string::npos) << in.Finish();
+  }
+  {
+    WireWriter out;
+    out.U8(200);  // no such status code
+    WireReader in(out.data());
+    Status status = in.GetStatus();
+    EXPECT_TRUE(status.ok());
+    EXPECT_FALSE(in.Finish().ok());
+  }
+}
+
+TEST(WireTest, RepliesRoundTrip) {
+  WireWriter out;
+  std::vector<Result<size_t>> sizes = {size_t{5}, NotFoundError("gone"), size_t{0}};
+  EncodeSizes(sizes, &out);
+  ObjectInfo info;
+  info.size = 9;
+  info.replicas.push_back(ReplicaInfo{"seg", 64, 0x7000, "127.0.0.1:9"});
+  std::vector<Result<ObjectInfo>> infos = {info, UnavailableError("writing")};
+  EncodeObjectInfos(infos, &out);
+  std::vector<StagedItem> staged(3);
+  staged[0] = StagedItem{StagedItem::kPlaced, Status(), 10, 64};
+  staged[1] = StagedItem{StagedItem::kFailed, InvalidArgumentError("too big"), 0, 0};
+  staged[2] = StagedItem{StagedItem::kDeferred, Status(), 0, 0};
+  EncodeStagedItems(staged, &out);
+
+  WireReader in(out.data());
+  auto got_sizes = DecodeSizes(&in, 3);
+  auto got_infos = DecodeObjectInfos(&in, 2);
+  auto got_staged = DecodeStagedItems(&in, 3);
+  ASSERT_TRUE(in.Finish().ok()) << in.Finish();
+  EXPECT_EQ(*got_sizes[0], 5u);
+  EXPECT_EQ(got_sizes[1].status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(got_sizes[1].status().message(), "gone");
+  EXPECT_EQ(got_infos[0]->replicas[0].endpoint, "127.0.0.1:9");
+  EXPECT_EQ(got_infos[1].status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(got_staged[0].offset, 64u);
+  EXPECT_EQ(got_staged[1].status.message(), "too big");
+  EXPECT_EQ(got_staged[2].kind, StagedItem::kDeferred);
+
+  WireReader wrong_count(out.data());
+  DecodeSizes(&wrong_count, 4);
+  EXPECT_FALSE(wrong_count.Finish().ok());
+}
+
+// Random payloads through every request and reply decoder: they must fail cleanly (ASan and
+// UBSan watch), never crash or allocate what the bytes cannot hold.
+TEST(WireTest, RandomPayloadsNeverCrashTheDecoders) {
+  std::mt19937_64 rng(42);
+  std::string valid = EncodedPut();
+  for (int round = 0; round < 20000; ++round) {
+    std::string bytes;
+    if (round % 2 == 0) {
+      bytes.resize(rng() % 96);
+      for (char& c : bytes) c = static_cast<char>(rng());
+    } else {
+      bytes = valid;  // a valid payload with a few bytes changed
+      for (int flips = 0; flips < 3; ++flips)
+        bytes[rng() % bytes.size()] = static_cast<char>(rng());
+    }
+    auto run = [&](auto decode) {
+      WireReader in(bytes);
+      decode(&in);
+      in.Finish().IgnoreError();
+    };
+    run([](WireReader* in) { DecodeHelloRequest(in); });
+    run([](WireReader* in) { DecodeHelloReply(in); });
+    run([](WireReader* in) { DecodeRegisterShared(in); });
+    run([](WireReader* in) {
+      in->PutConfig();
+      DecodeKeyedBuffers(in);
+    });
+    run([](WireReader* in) {
+      in->PutConfig();
+      DecodeSlicedKeys(in);
+    });
+    run([](WireReader* in) { DecodeRanges(in); });
+    run([](WireReader* in) { DecodeStagedGet(in); });
+    run([](WireReader* in) { in->Keys(); });
+    run([](WireReader* in) { DecodeStatuses(in, 3); });
+    run([](WireReader* in) { DecodeSizes(in, 2); });
+    run([](WireReader* in) { DecodeBools(in, 2); });
+    run([](WireReader* in) { DecodeObjectInfos(in, 1); });
+    run([](WireReader* in) { DecodeStagedItems(in, 2); });
+  }
+}
+
+TEST(FrameTest, HeadersAreChecked) {
+  FrameHeader header;
+  header.type = static_cast<uint16_t>(MessageType::kHello);
+  EXPECT_TRUE(CheckHeader(header, kMaxFrameBytes).ok());
+  FrameHeader magic = header;
+  magic.magic = 0x12345678;
+  EXPECT_NE(CheckHeader(magic, kMaxFrameBytes).message().find("magic"), std::string::npos);
+  FrameHeader flags = header;
+  flags.flags = 1;
+  EXPECT_FALSE(CheckHeader(flags, kMaxFrameBytes).ok());
+  FrameHeader big = header;
+  big.length = kMaxFrameBytes + 1;
+  EXPECT_NE(CheckHeader(big, kMaxFrameBytes).message().find("exceeds the limit"),
+            std::string::npos);
+  EXPECT_TRUE(IsRequestType(static_cast<uint16_t>(MessageType::kBatchGetObjectInfo)));
+  EXPECT_FALSE(IsRequestType(0));
+  EXPECT_FALSE(IsRequestType(static_cast<uint16_t>(MessageType::kGoodbye)));
+  EXPECT_FALSE(IsRequestType(static_cast<uint16_t>(MessageType::kHello) | kReplyBit));
+}
+
+TEST(SocketAddressTest, Forms) {
+  auto abstract = ResolveSocketAddress("@larder-client-50052");
+  ASSERT_TRUE(abstract.ok());
+  EXPECT_TRUE(abstract->abstract);
+  EXPECT_EQ(abstract->name, "larder-client-50052");
+  EXPECT_EQ(abstract->display, "@larder-client-50052");
+
+  auto mooncake = ResolveSocketAddress("127.0.0.1:50052");
+  ASSERT_TRUE(mooncake.ok());
+  EXPECT_EQ(mooncake->display, "@larder-client-50052");
+  auto named_host = ResolveSocketAddress("localhost:7");
+  ASSERT_TRUE(named_host.ok());
+  EXPECT_EQ(named_host->display, "@larder-client-7");
+
+  auto path = ResolveSocketAddress("/run/larder/client.sock");
+  ASSERT_TRUE(path.ok());
+  EXPECT_FALSE(path->abstract);
+  EXPECT_EQ(path->display, "/run/larder/client.sock");
+  auto relative = ResolveSocketAddress("./client.sock");
+  ASSERT_TRUE(relative.ok());
+  EXPECT_FALSE(relative->abstract);
+
+  for (const char* bad : {"", "@", "larder", "host:0", "host:65536", "host:123456"}) {
+    EXPECT_EQ(ResolveSocketAddress(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ResolveSocketAddress("@" + std::string(200, 'x')).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace larder::standalone

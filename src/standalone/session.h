@@ -1,0 +1,116 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The daemon's side of one attached client: the shared regions it registered, and the handling
+// of its requests on the daemon's StoreClient.
+//
+// Every request field is hostile. A client address becomes a daemon pointer only through
+// Translate, which finds the region of this session that holds the whole range (overflow-safe)
+// and pins it for the request; anything else fails that item with FailedPrecondition. A fd
+// becomes a mapping only when it is a memfd sealed against shrinking (so the client cannot make
+// the daemon's mapping SIGBUS) and long enough for the range.
+//
+// Thread-safety: Handle may run on several threads at once; regions_ is guarded by mu_. A
+// region unregistered while a request uses it stays mapped until that request ends.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/net.h"
+#include "larder/store_client.h"
+#include "standalone/protocol.h"
+
+namespace larder::standalone {
+
+struct SessionOptions {
+  std::string tenant_id;      // the daemon's tenant, announced in Hello
+  size_t max_regions = 1024;  // shared regions one client may register
+  size_t max_in_flight = 8;   // announced in Hello: requests served at once
+};
+
+// A client's memfd range, mapped MAP_SHARED here and registered with the daemon's StoreClient.
+// Unregisters and unmaps on destruction.
+class SharedMapping {
+ public:
+  SharedMapping(StoreClient* store, uint64_t client_begin, uint64_t size, void* local)
+      : store_(store), client_begin_(client_begin), size_(size), local_(local) {}
+  ~SharedMapping();
+  SharedMapping(const SharedMapping&) = delete;
+  SharedMapping& operator=(const SharedMapping&) = delete;
+
+  uint64_t client_begin() const { return client_begin_; }
+  uint64_t size() const { return size_; }
+  char* local() const { return static_cast<char*>(local_); }
+
+ private:
+  StoreClient* store_;
+  uint64_t client_begin_;
+  uint64_t size_;
+  void* local_;
+};
+
+// The mappings one request uses, kept alive until it ends.
+class RegionPins {
+ public:
+  void Add(const std::shared_ptr<SharedMapping>& mapping) {
+    if (!pins_.empty() && pins_.back() == mapping) return;
+    for (const auto& pin : pins_) {
+      if (pin == mapping) return;
+    }
+    pins_.push_back(mapping);
+  }
+
+ private:
+  std::vector<std::shared_ptr<SharedMapping>> pins_;
+};
+
+class Session {
+ public:
+  // `store` outlives the session. `peer` names the client in logs and errors.
+  Session(StoreClient* store, SessionOptions options, std::string peer);
+  ~Session();
+
+  const std::string& peer() const { return peer_; }
+
+  // Handles one request of `type` (IsRequestType) and returns the reply payload: a status, and
+  // when it is OK the type's reply body. Malformed payloads get InvalidArgument. `fd` is the one
+  // that came with the frame (only RegisterShared takes one; others refuse it).
+  std::string Handle(uint16_t type, std::string_view payload, Fd fd);
+
+  // The client address range [address, address + size) in this daemon, pinned in `pins`.
+  // Errors: FailedPrecondition naming the range when no region of this session holds it.
+  Result<void*> Translate(uint64_t address, uint64_t size, RegionPins* pins) const;
+
+  size_t region_count() const;
+
+ private:
+  Status Hello(WireReader* in, WireWriter* out);
+  Status RegisterShared(WireReader* in, Fd fd);
+  Status UnregisterShared(WireReader* in);
+  Status BatchPutFrom(WireReader* in, WireWriter* out);
+  Status BatchPutFromSlices(WireReader* in, WireWriter* out);
+  Status BatchGetInto(WireReader* in, WireWriter* out);
+  Status BatchGetIntoSlices(WireReader* in, WireWriter* out);
+  Status BatchGetRanges(WireReader* in, WireWriter* out);
+  Status BatchGetStaged(WireReader* in, WireWriter* out);
+  Status BatchExist(WireReader* in, WireWriter* out);
+  Status GetSize(WireReader* in, WireWriter* out);
+  Status BatchRemove(WireReader* in, WireWriter* out);
+  Status RemoveAll(WireReader* in, WireWriter* out);
+  Status RemoveByRegex(WireReader* in, WireWriter* out);
+  Status BatchGetObjectInfo(WireReader* in, WireWriter* out);
+
+  StoreClient* const store_;
+  const SessionOptions options_;
+  const std::string peer_;
+  mutable std::mutex mu_;
+  // By the client address of their first byte; never overlapping. Guarded by mu_.
+  std::map<uint64_t, std::shared_ptr<SharedMapping>> regions_;
+};
+
+}  // namespace larder::standalone

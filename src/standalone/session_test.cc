@@ -1,0 +1,416 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The daemon's request handling (Session) on an in-memory StoreClient: what a hostile client can
+// send (bad fds, bad ranges, random payloads) and that bytes reach the store through the shared
+// mapping unchanged.
+#include "standalone/session.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "standalone/standalone_testing.h"
+
+namespace larder::standalone {
+namespace {
+
+using testing::SharedMemfd;
+
+// Keeps values in a map; the zero-copy calls read and write the daemon pointers they are given,
+// so that what a test sees in the client's mapping is what crossed the translation.
+class MemoryStore final : public StoreClient {
+ public:
+  const std::string& segment_name() const override { return name_; }
+  const std::string& client_id() const override { return id_; }
+  TransferEngine& engine() override { std::abort(); }
+
+  Status Put(std::string_view key, std::span<const std::byte> value, const PutConfig&) override {
+    std::lock_guard lock(mu_);
+    values_[std::string(key)].assign(reinterpret_cast<const char*>(value.data()), value.size());
+    return Status::Ok();
+  }
+  Result<std::string> Get(std::string_view key) override {
+    std::lock_guard lock(mu_);
+    auto it = values_.find(std::string(key));
+    if (it == values_.end()) return NotFoundError("no " + std::string(key));
+    return it->second;
+  }
+  std::vector<Status> BatchPut(std::span<const std::string> keys,
+                               std::span<const std::span<const std::byte>> values,
+                               const PutConfig& config) override {
+    std::vector<Status> out;
+    for (size_t i = 0; i < keys.size(); ++i) out.push_back(Put(keys[i], values[i], config));
+    return out;
+  }
+  std::vector<Result<std::string>> BatchGet(std::span<const std::string> keys) override {
+    std::vector<Result<std::string>> out;
+    for (const auto& key : keys) out.push_back(Get(key));
+    return out;
+  }
+  Status RegisterBuffer(void* ptr, size_t size) override {
+    std::lock_guard lock(mu_);
+    registered_[ptr] = size;
+    return Status::Ok();
+  }
+  Status UnregisterBuffer(void* ptr) override {
+    std::lock_guard lock(mu_);
+    return registered_.erase(ptr) > 0 ? Status::Ok() : NotFoundError("not registered");
+  }
+  Status PutFrom(std::string_view key, const void* ptr, size_t size, const PutConfig& c) override {
+    return Put(key, std::span(static_cast<const std::byte*>(ptr), size), c);
+  }
+  Result<size_t> GetInto(std::string_view key, void* ptr, size_t capacity) override {
+    LARDER_ASSIGN_OR_RETURN(std::string value, Get(key));
+    if (value.size() > capacity) return InvalidArgumentError("capacity");
+    std::memcpy(ptr, value.data(), value.size());
+    return value.size();
+  }
+  std::vector<Status> BatchPutFrom(std::span<const std::string> keys, std::span<void* const> ptrs,
+                                   std::span<const size_t> sizes, const PutConfig& c) override {
+    std::vector<Status> out;
+    for (size_t i = 0; i < keys.size(); ++i) out.push_back(PutFrom(keys[i], ptrs[i], sizes[i], c));
+    return out;
+  }
+  std::vector<Result<size_t>> BatchGetInto(std::span<const std::string> keys,
+                                           std::span<void* const> ptrs,
+                                           std::span<const size_t> capacities) override {
+    std::vector<Result<size_t>> out;
+    for (size_t i = 0; i < keys.size(); ++i)
+      out.push_back(GetInto(keys[i], ptrs[i], capacities[i]));
+    return out;
+  }
+  std::vector<Status> BatchPutFromSlices(std::span<const std::string> keys,
+                                         std::span<const std::vector<BufferSlice>> slices,
+                                         const PutConfig& c) override {
+    std::vector<Status> out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::string value;
+      for (const BufferSlice& s : slices[i]) value.append(static_cast<const char*>(s.ptr), s.size);
+      out.push_back(Put(keys[i], std::as_bytes(std::span(value)), c));
+    }
+    return out;
+  }
+  std::vector<Result<size_t>> BatchGetIntoSlices(
+      std::span<const std::string> keys,
+      std::span<const std::vector<BufferSlice>> slices) override {
+    return ReadEach(keys, [&](size_t i, const std::string& value) -> Result<size_t> {
+      size_t at = 0;
+      for (const BufferSlice& s : slices[i]) {
+        size_t n = std::min(s.size, value.size() - at);
+        std::memcpy(s.ptr, value.data() + at, n);
+        at += n;
+      }
+      return value.size();
+    });
+  }
+  std::vector<Result<size_t>> BatchGetAllocated(std::span<const std::string> keys,
+                                                const Allocator& allocate) override {
+    return ReadEach(keys, [&](size_t i, const std::string& value) -> Result<size_t> {
+      LARDER_ASSIGN_OR_RETURN(void* dst, allocate(i, value.size()));
+      std::memcpy(dst, value.data(), value.size());
+      return value.size();
+    });
+  }
+  std::vector<Result<size_t>> BatchGetRanges(std::span<const ObjectRange> ranges) override {
+    std::vector<Result<size_t>> out;
+    for (const ObjectRange& r : ranges) {
+      auto value = Get(r.key);
+      if (!value.ok()) {
+        out.emplace_back(value.status());
+      } else if (r.offset > value->size() || r.size > value->size() - r.offset) {
+        out.emplace_back(OutOfRangeError("past the value"));
+      } else {
+        std::memcpy(r.ptr, value->data() + r.offset, r.size);
+        out.emplace_back(r.size);
+      }
+    }
+    return out;
+  }
+  Result<bool> Exist(std::string_view key) override { return Get(key).ok(); }
+  std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) override {
+    std::vector<Result<bool>> out;
+    for (const auto& key : keys) out.push_back(Exist(key));
+    return out;
+  }
+  Result<uint64_t> GetSize(std::string_view key) override {
+    LARDER_ASSIGN_OR_RETURN(std::string value, Get(key));
+    return value.size();
+  }
+  Status Remove(std::string_view key, bool) override {
+    std::lock_guard lock(mu_);
+    return values_.erase(std::string(key)) > 0 ? Status::Ok() : NotFoundError("no key");
+  }
+  std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
+    std::vector<Status> out;
+    for (const auto& key : keys) out.push_back(Remove(key, force));
+    return out;
+  }
+  Result<uint64_t> RemoveAll(bool) override {
+    std::lock_guard lock(mu_);
+    uint64_t n = values_.size();
+    values_.clear();
+    return n;
+  }
+  Result<uint64_t> RemoveByRegex(std::string_view, bool) override { return uint64_t{0}; }
+  std::vector<Result<ObjectInfo>> BatchGetObjectInfo(std::span<const std::string> keys) override {
+    std::vector<Result<ObjectInfo>> out;
+    for (const auto& key : keys) {
+      auto size = GetSize(key);
+      if (!size.ok()) {
+        out.emplace_back(size.status());
+      } else {
+        out.emplace_back(ObjectInfo{*size, {ReplicaInfo{name_, 0, 0, ""}}});
+      }
+    }
+    return out;
+  }
+  Result<RouteKind> RouteTo(std::string_view) override { return RouteKind::kLocal; }
+
+  size_t registered() {
+    std::lock_guard lock(mu_);
+    return registered_.size();
+  }
+
+ private:
+  // A result per key: Get's error, or what `read` (index, value) makes of the value.
+  template <typename ReadFn>
+  std::vector<Result<size_t>> ReadEach(std::span<const std::string> keys, ReadFn read) {
+    std::vector<Result<size_t>> out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Result<std::string> value = Get(keys[i]);
+      if (value.ok()) {
+        out.push_back(read(i, *value));
+      } else {
+        out.emplace_back(value.status());
+      }
+    }
+    return out;
+  }
+
+  std::string name_ = "daemon-segment";
+  std::string id_ = "daemon-id";
+  std::mutex mu_;
+  std::map<std::string, std::string> values_;
+  std::map<void*, size_t> registered_;
+};
+
+// Memory of "the client" (this test plays both sides), sealed as larder-client requires.
+constexpr unsigned kSealed = F_SEAL_SHRINK | F_SEAL_GROW;
+
+class SessionTest : public ::testing::Test {
+ protected:
+  SessionTest() : session_(&store_, SessionOptions{"tenant-a", 4, 8}, "test peer") {}
+
+  // The reply's status; `body` receives the rest.
+  Status Send(MessageType type, const WireWriter& request, Fd fd = Fd(),
+              std::string* body = nullptr) {
+    std::string reply = session_.Handle(static_cast<uint16_t>(type), request.data(), std::move(fd));
+    WireReader in(reply);
+    Status status = in.GetStatus();
+    if (body != nullptr) {
+      // Everything after the status (one byte when OK).
+      *body = status.ok() ? reply.substr(1) : std::string();
+    }
+    return status;
+  }
+
+  Status Register(const SharedMemfd& memory, uint64_t address, uint64_t size,
+                  uint64_t fd_offset = 0) {
+    WireWriter request;
+    Encode(RegisterSharedRequest{address, size, fd_offset}, &request);
+    return Send(MessageType::kRegisterShared, request, memory.Dup());
+  }
+
+  MemoryStore store_;
+  Session session_;
+};
+
+TEST_F(SessionTest, HelloAnnouncesTheDaemon) {
+  WireWriter request;
+  Encode(HelloRequest{kProtocolVersion, "unit"}, &request);
+  std::string body;
+  ASSERT_TRUE(Send(MessageType::kHello, request, Fd(), &body).ok());
+  WireReader in(body);
+  HelloReply reply = DecodeHelloReply(&in);
+  ASSERT_TRUE(in.Finish().ok());
+  EXPECT_EQ(reply.segment_name, "daemon-segment");
+  EXPECT_EQ(reply.tenant_id, "tenant-a");
+  EXPECT_EQ(reply.max_regions, 4u);
+
+  WireWriter old;
+  Encode(HelloRequest{kProtocolVersion + 1, "future"}, &old);
+  EXPECT_EQ(Send(MessageType::kHello, old).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SessionTest, RegisterSharedRefusesBadFds) {
+  SharedMemfd good(1 << 16, kSealed);
+  ASSERT_TRUE(good.status.ok()) << good.status;
+  WireWriter request;
+  Encode(RegisterSharedRequest{0x10000, 4096, 0}, &request);
+  Status no_fd = Send(MessageType::kRegisterShared, request);
+  EXPECT_NE(no_fd.message().find("carries no fd"), std::string::npos) << no_fd;
+
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  Fd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+  Status pipe_status = Send(MessageType::kRegisterShared, request, std::move(read_end));
+  EXPECT_EQ(pipe_status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(pipe_status.message().find("not a memfd"), std::string::npos) << pipe_status;
+
+  SharedMemfd unsealed(1 << 16, 0);
+  ASSERT_TRUE(unsealed.status.ok()) << unsealed.status;
+  Status unsealed_status = Register(unsealed, 0x10000, 4096);
+  EXPECT_NE(unsealed_status.message().find("F_SEAL_SHRINK"), std::string::npos) << unsealed_status;
+
+  Status small = Register(good, 0x10000, (1 << 16) + 1);
+  EXPECT_NE(small.message().find("fewer than"), std::string::npos) << small;
+  Status past = Register(good, 0x10000, 4096, 1 << 16);
+  EXPECT_NE(past.message().find("fewer than"), std::string::npos) << past;
+  Status misaligned = Register(good, 0x10000, 4096, 100);
+  EXPECT_NE(misaligned.message().find("page size"), std::string::npos) << misaligned;
+  EXPECT_EQ(Register(good, 0, 4096).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Register(good, 0x10000, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(Register(good, UINT64_MAX - 100, 4096).message().find("wraps"), std::string::npos);
+  EXPECT_NE(Register(good, 0x10000, 4096, UINT64_MAX - 4095).message().find("overflows"),
+            std::string::npos);
+
+  SharedMemfd write_sealed(1 << 16, kSealed);
+  ASSERT_TRUE(write_sealed.status.ok()) << write_sealed.status;
+  ASSERT_EQ(fcntl(write_sealed.fd.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
+  Status sealed = Register(write_sealed, 0x10000, 4096);
+  EXPECT_NE(sealed.message().find("against writes"), std::string::npos) << sealed;
+
+  EXPECT_EQ(session_.region_count(), 0u);
+  EXPECT_EQ(store_.registered(), 0u);
+
+  // Only RegisterShared may carry an fd.
+  WireWriter exist;
+  exist.Keys(std::vector<std::string>{"k"});
+  Status with_fd = Send(MessageType::kBatchExist, exist, good.Dup());
+  EXPECT_NE(with_fd.message().find("file descriptor"), std::string::npos) << with_fd;
+}
+
+TEST_F(SessionTest, RegionsDoNotOverlapAndAreBounded) {
+  SharedMemfd memory(1 << 20, kSealed);
+  ASSERT_TRUE(memory.status.ok()) << memory.status;
+  ASSERT_TRUE(Register(memory, 0x100000, 1 << 16).ok());
+  EXPECT_NE(Register(memory, 0x100000 + 4096, 4096).message().find("overlaps"), std::string::npos);
+  EXPECT_NE(Register(memory, 0x100000 - 4096, 8192).message().find("overlaps"), std::string::npos);
+  ASSERT_TRUE(Register(memory, 0x200000, 4096, 4096).ok());
+  ASSERT_TRUE(Register(memory, 0x300000, 4096, 8192).ok());
+  ASSERT_TRUE(Register(memory, 0x400000, 4096).ok());
+  EXPECT_EQ(Register(memory, 0x500000, 4096).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.registered(), 4u);
+
+  WireWriter unregister;
+  unregister.U64(0x200000);
+  EXPECT_TRUE(Send(MessageType::kUnregisterShared, unregister).ok());
+  EXPECT_EQ(Send(MessageType::kUnregisterShared, unregister).code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_.registered(), 3u);
+}
+
+TEST_F(SessionTest, TranslateChecksEveryByte) {
+  SharedMemfd memory(1 << 16, kSealed);
+  ASSERT_TRUE(memory.status.ok()) << memory.status;
+  ASSERT_TRUE(Register(memory, 0x100000, 8192, 4096).ok());
+  RegionPins pins;
+  EXPECT_TRUE(session_.Translate(0x100000, 8192, &pins).ok());
+  EXPECT_TRUE(session_.Translate(0x100000 + 8192, 0, &pins).ok());
+  EXPECT_TRUE(session_.Translate(0x100000 + 100, 8092, &pins).ok());
+  for (auto [address, size] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {0x100000, 8193},
+           {0x100000 + 8192, 1},
+           {0x100000 - 1, 2},
+           {0x100000 + 1, UINT64_MAX},
+           {UINT64_MAX, 1},
+           {0, 0},
+       }) {
+    Result<void*> translated = session_.Translate(address, size, &pins);
+    EXPECT_EQ(translated.status().code(), StatusCode::kFailedPrecondition)
+        << address << "+" << size;
+  }
+}
+
+TEST_F(SessionTest, BytesCrossTheMappingUnchanged) {
+  SharedMemfd memory(1 << 16, kSealed);
+  ASSERT_TRUE(memory.status.ok()) << memory.status;
+  const uint64_t base = memory.address();
+  ASSERT_TRUE(Register(memory, base + 0, 1 << 15, 0).ok());
+  for (size_t i = 0; i < 1000; ++i) memory.data[i] = static_cast<char>(i * 7);
+
+  WireWriter put;
+  put.PutConfig(PutConfig{});
+  EncodeKeyedBuffers(std::vector<KeyedBuffer>{{"a", {base, 1000}}, {"out", {base + (1 << 15), 1}}},
+                     &put);
+  std::string body;
+  ASSERT_TRUE(Send(MessageType::kBatchPutFrom, put, Fd(), &body).ok());
+  WireReader statuses_in(body);
+  auto statuses = DecodeStatuses(&statuses_in, 2);
+  ASSERT_TRUE(statuses_in.Finish().ok());
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_EQ(statuses[1].code(), StatusCode::kFailedPrecondition) << statuses[1];
+  auto stored = store_.Get("a");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(*stored, std::string(memory.data, 1000));
+
+  WireWriter get;
+  EncodeKeyedBuffers(std::vector<KeyedBuffer>{{"a", {base + 20000, 1000}}}, &get);
+  ASSERT_TRUE(Send(MessageType::kBatchGetInto, get, Fd(), &body).ok());
+  EXPECT_EQ(std::memcmp(memory.data + 20000, memory.data, 1000), 0);
+
+  // The copying API's gets: a staging region of 1100 bytes holds one 1000-byte value per round.
+  const std::string b(900, 'b'), huge(2000, 'h');
+  ASSERT_TRUE(store_.Put("b", std::as_bytes(std::span(b)), {}).ok());
+  ASSERT_TRUE(store_.Put("huge", std::as_bytes(std::span(huge)), {}).ok());
+  WireWriter staged;
+  Encode(StagedGetRequest{{base + 4096, 1100}, {"a", "b", "huge", "missing"}}, &staged);
+  ASSERT_TRUE(Send(MessageType::kBatchGetStaged, staged, Fd(), &body).ok());
+  WireReader items_in(body);
+  auto items = DecodeStagedItems(&items_in, 4);
+  ASSERT_TRUE(items_in.Finish().ok()) << items_in.Finish();
+  EXPECT_EQ(items[0].kind, StagedItem::kPlaced);
+  EXPECT_EQ(std::string(memory.data + 4096 + items[0].offset, 1000), *stored);
+  EXPECT_EQ(items[1].kind, StagedItem::kDeferred);
+  EXPECT_EQ(items[2].kind, StagedItem::kFailed);
+  EXPECT_NE(items[2].status.message().find("staging_bytes"), std::string::npos);
+  EXPECT_EQ(items[3].status.code(), StatusCode::kNotFound);
+
+  // A staging region outside shared memory fails the whole request.
+  WireWriter outside;
+  Encode(StagedGetRequest{{base + (1 << 15), 64}, {"a"}}, &outside);
+  EXPECT_EQ(Send(MessageType::kBatchGetStaged, outside).code(), StatusCode::kFailedPrecondition);
+}
+
+// Random bytes as every request type: an error reply, never a crash, and the session still works.
+TEST_F(SessionTest, RandomRequestsGetErrorsNotCrashes) {
+  SharedMemfd memory(1 << 16, kSealed);
+  ASSERT_TRUE(memory.status.ok()) << memory.status;
+  const uint64_t base = memory.address();
+  ASSERT_TRUE(Register(memory, base, 1 << 16).ok());
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 3000; ++round) {
+    std::string bytes(rng() % 80, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng() % 4 == 0 ? 0 : rng());
+    // Sometimes aim the addresses into the region, where translation succeeds.
+    if (bytes.size() >= 16 && round % 3 == 0) {
+      uint64_t address = base + rng() % (1 << 16);
+      std::memcpy(bytes.data() + bytes.size() - 16, &address, 8);
+    }
+    for (uint16_t type = 1; type <= static_cast<uint16_t>(MessageType::kBatchGetObjectInfo);
+         ++type) {
+      if (type == static_cast<uint16_t>(MessageType::kUnregisterShared)) continue;
+      std::string reply = session_.Handle(type, bytes, Fd());
+      ASSERT_FALSE(reply.empty());
+    }
+  }
+  RegionPins pins;
+  EXPECT_TRUE(session_.Translate(base, 1 << 16, &pins).ok());
+}
+
+}  // namespace
+}  // namespace larder::standalone
