@@ -14,6 +14,8 @@ batches, then a sample of each value). Each client measures, in turn (``--apis``
   per layer of a layer-first pool);
 * ``buffer``: batch_get_buffer, each value in a buffer of its own (no registered pool).
 
+They take turns in rounds of ``--round`` seconds, so that all of them see the same machine.
+
     PYTHONPATH=build/python python3 python/bench/bench_get_into.py
     build/bin/larder-bench store --op get --value-size 64K --batch 128      # the C++ figure
 """
@@ -74,7 +76,6 @@ def client(rank, args, master, names, barrier, results):
     barrier.wait()
 
     rng = random.Random(rank)
-    reports = {}
     mc = MooncakeDistributedStore()
     assert mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, args.protocol, "", master) == 0
     # multi: value j goes to slices j, batch + j, 2 * batch + j, ... of the pool, as a layer-first
@@ -98,41 +99,44 @@ def client(rank, args, master, names, barrier, results):
         "multi": lambda keys: mc.batch_get_into_multi_buffers(keys, slice_ptrs, slice_sizes),
         "buffer": lambda keys: mc.batch_get_buffer(keys),
     }
-    for api in args.apis:
-        call = calls[api]
-        if api == "compat":
-            store.unregister_buffer(pool)
-            assert mc.register_buffer(base, pool.nbytes) == 0
-        barrier.wait()
-        times, wrong, errors = [], 0, 0
-        end = time.perf_counter() + args.duration
-        warmup = 10
-        while time.perf_counter() < end:
-            picked = [rng.randrange(count) for _ in range(batch)]
-            keys = [f"{prefix}{k}" for k in picked]
-            start = time.perf_counter()
-            got = call(keys)
-            took = time.perf_counter() - start
-            if any(g != size for g in as_pages(got)):
-                errors += 1
-                continue
-            if api == "multi":  # gather the slices back into rows to check them
-                layers = pool[:args.slices * batch * piece].reshape(args.slices, batch, piece)
-                rows = layers.transpose(1, 0, 2).reshape(batch, args.slices * piece)
-            elif api == "buffer":
-                rows = np.stack([np.frombuffer(b, np.uint8) for b in held])
-            else:
-                rows = pages
-            expected = np.array([fill_byte(k) for k in picked], np.uint8)[:, None]
-            # Every byte during warm-up, then every 512th byte: checking 8 MiB with numpy costs
-            # more CPU than the read, and the clients share the machine's cores.
-            checked = rows if warmup else rows[:, ::512]
-            wrong += int(np.count_nonzero((checked != expected).any(axis=1)))
-            if warmup:
-                warmup -= 1
-                continue
-            times.append(took)
-        reports[api] = {"times": times, "wrong": wrong, "errors": errors}
+    assert mc.register_buffer(base, pool.nbytes) == 0  # the same pool, for the compat calls
+    reports = {api: {"times": [], "wrong": 0, "errors": 0} for api in args.apis}
+    # The APIs take turns in rounds of --round seconds (each client in step, at a barrier), so
+    # that all of them see the same machine; the first batches of each are warm-up.
+    warmup = {api: 10 for api in args.apis}
+    rounds = max(1, int(args.duration / args.round))
+    for _ in range(rounds):
+        for api in args.apis:
+            call, report = calls[api], reports[api]
+            barrier.wait()
+            end = time.perf_counter() + args.round
+            while time.perf_counter() < end:
+                picked = [rng.randrange(count) for _ in range(batch)]
+                keys = [f"{prefix}{k}" for k in picked]
+                start = time.perf_counter()
+                got = call(keys)
+                took = time.perf_counter() - start
+                if any(g != size for g in as_pages(got)):
+                    report["errors"] += 1
+                    continue
+                expected = np.array([fill_byte(k) for k in picked], np.uint8)
+                # Every byte during warm-up, then every 512th byte: checking 8 MiB with numpy
+                # costs more CPU than the read, and the clients share the machine's cores. The
+                # checks read the values where they landed, without gathering them (no copy).
+                step = 1 if warmup[api] else 512
+                if api == "multi":  # slice l of value j: layers[l, j]
+                    layers = pool[:args.slices * batch * piece].reshape(args.slices, batch, piece)
+                    bad = (layers[:, :, ::step] != expected[None, :, None]).any(axis=(0, 2))
+                elif api == "buffer":
+                    bad = [bool((np.frombuffer(b, np.uint8)[::step] != e).any())
+                           for b, e in zip(held, expected)]
+                else:
+                    bad = (pages[:, ::step] != expected[:, None]).any(axis=1)
+                report["wrong"] += int(np.count_nonzero(bad))
+                if warmup[api]:
+                    warmup[api] -= 1
+                    continue
+                report["times"].append(took)
     barrier.wait()  # every segment stays mounted until all clients are done
     mc.close()
     store.close()
@@ -148,7 +152,9 @@ def main():
     parser.add_argument("--batch", type=int, default=128, help="keys per batch_get_into")
     parser.add_argument("--working-set", default=None,
                         help="bytes of values per client (default: min(segment/2, 256MiB))")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per API")
+    parser.add_argument("--round", type=float, default=0.5,
+                        help="seconds of one API before the next takes its turn")
     parser.add_argument("--protocol", default="auto", help="store protocol (auto, tcp, ...)")
     parser.add_argument("--apis", default="store,compat,multi,buffer",
                         help="what to measure, in order: store, compat, multi, buffer")
@@ -158,8 +164,6 @@ def main():
     args.apis = [a.strip() for a in args.apis.split(",") if a.strip()]
     if any(a not in ("store", "compat", "multi", "buffer") for a in args.apis):
         parser.error("--apis takes store, compat, multi, buffer")
-    if "multi" in args.apis and "compat" not in args.apis:
-        parser.error("multi reads into the pool that compat registers: list compat before it")
     if args.clients < 2:
         parser.error("--clients must be at least 2 (values go to another client's segment)")
     args.segment_size = larder.parse_size(args.segment_size)

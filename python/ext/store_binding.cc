@@ -308,16 +308,16 @@ class PyStore {
   py::list BatchGetBuffers(const std::vector<std::string>& keys) {
     auto client = Client();
     std::vector<std::shared_ptr<ValueBuffer>> buffers(keys.size());
+    BatchArena arena(buffers_);
     auto read = WithoutGil([&] {
       return client->BatchGetAllocated(keys, [&](size_t i, uint64_t size) -> Result<void*> {
-        auto [block, capacity] = buffers_->Take(size);
-        if (block == nullptr) {
+        auto [block, offset] = arena.Allocate(size);
+        if (!block) {
           return ResourceExhaustedError("no memory for a value of " + std::to_string(size) +
                                         " bytes");
         }
-        buffers[i] = std::make_shared<ValueBuffer>(buffers_, block, capacity);
-        buffers[i]->set_size(size);
-        return block;
+        buffers[i] = std::make_shared<ValueBuffer>(std::move(block), offset, size);
+        return buffers[i]->data();
       });
     });
     py::list list(read.size());

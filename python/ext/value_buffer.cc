@@ -46,6 +46,19 @@ void BufferCache::Give(void* block, size_t capacity) {
   std::free(block);
 }
 
+std::pair<std::shared_ptr<CachedBlock>, size_t> BatchArena::Allocate(size_t size) {
+  size_t aligned = (size + 63) & ~size_t{63};
+  if (!block_ || block_->capacity() - used_ < aligned) {
+    auto [data, capacity] = cache_->Take(std::max(aligned, kBlockBytes));
+    if (data == nullptr) return {nullptr, 0};
+    block_ = std::make_shared<CachedBlock>(cache_, data, capacity);
+    used_ = 0;
+  }
+  size_t offset = used_;
+  used_ += aligned;
+  return {block_, offset};
+}
+
 void BindValueBuffer(py::module_& module) {
   py::class_<ValueBuffer, std::shared_ptr<ValueBuffer>>(
       module, "Buffer", py::buffer_protocol(),
