@@ -9,182 +9,41 @@
 #include <thread>
 #include <unordered_map>
 
+#include "client/lease_releaser.h"
 #include "client/master_client.h"
 #include "client/store_client_internal.h"
+#include "client/store_pieces.h"
 #include "common/env.h"
 #include "common/logging.h"
 
 namespace larder {
 
-Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
-  StoreClientOptions options;
-  auto set_string = [](const char* name, std::string* field) {
-    std::string value = GetEnv(name);
-    if (!value.empty()) *field = value;
-  };
-  set_string("LARDER_MASTER", &options.master_address);
-  set_string("LARDER_LOCAL_HOSTNAME", &options.local_hostname);
-  set_string("LARDER_SEGMENT_NAME", &options.segment_name);
-  set_string("LARDER_AUTH_TOKEN", &options.auth_token);
-  set_string("LARDER_ADMIN_TOKEN", &options.admin_token);
-  set_string("LARDER_TLS_CA", &options.tls_ca_file);
-  set_string("LARDER_TLS_CERT", &options.tls_cert_file);
-  set_string("LARDER_TLS_KEY", &options.tls_key_file);
-  set_string("LARDER_HOST_ID", &options.host_id);
-  set_string("LARDER_TENANT", &options.tenant_id);
-  for (auto [name, field] : {std::pair{"LARDER_GLOBAL_SEGMENT_SIZE", &options.global_segment_size},
-                             std::pair{"LARDER_LOCAL_BUFFER_SIZE", &options.local_buffer_size}}) {
-    std::string value = GetEnv(name);
-    if (value.empty()) continue;
-    auto parsed = ParseByteSize(value, /*allow_zero=*/true);
-    if (!parsed.ok()) return parsed.status().WithContext(name);
-    *field = *parsed;
-  }
-  if (std::string value = GetEnv("LARDER_LEASE_RELEASE_DELAY"); !value.empty()) {
-    auto parsed = ParseDuration(value);
-    if (!parsed.ok()) return parsed.status().WithContext("LARDER_LEASE_RELEASE_DELAY");
-    options.lease_release_delay = *parsed;
-  }
-  if (std::string value = GetEnv("LARDER_REPLICA_NUM"); !value.empty()) {
-    char* end = nullptr;
-    unsigned long n = std::strtoul(value.c_str(), &end, 10);
-    if (end == value.c_str() || *end != '\0' || n == 0 || n > 64) {
-      return InvalidArgumentError("LARDER_REPLICA_NUM: '" + value + "' is not a number in 1..64");
-    }
-    options.replica_num = static_cast<uint32_t>(n);
-  }
-  return options;
-}
-
 namespace {
 
+using client::AddTrafficReport;
+using client::BatchTooLarge;
 using client::CheckReplicaColumns;
+using client::Fragment;
 using client::FromItemStatus;
 using client::ItemStatuses;
+using client::kMaxBatch;
 using client::MasterClient;
+using client::ObjectInfos;
+using client::OpenedSegment;
+using client::OpenedSegments;
+using client::RouteRank;
+using client::ScopedKey;
+using client::SingleSlices;
+using client::ValidateTenant;
 using Stub = proto::Master::Stub;
 using SteadyClock = std::chrono::steady_clock;
-
-// Largest batch of one call: the master's limit (kMaxBatchItems) and the engine's default
-// max_batch_requests. A put past it is refused before the master allocates anything for it.
-constexpr size_t kMaxBatch = 65536;
-
-Status BatchTooLarge(size_t items) {
-  return InvalidArgumentError("a batch of " + std::to_string(items) +
-                              " keys exceeds the maximum of " + std::to_string(kMaxBatch) +
-                              "; split it");
-}
-
-// Lower is better: same process, then same host, then the network.
-int RouteRank(RouteKind route) {
-  switch (route) {
-    case RouteKind::kLocal:
-      return 0;
-    case RouteKind::kSameHostShm:
-    case RouteKind::kDevice:
-      return 1;
-    default:
-      return 2;
-  }
-}
-
-// The key the master stores for `key` of `tenant`: tenants' keys are "\0" + tenant + "\0" + key,
-// and a default-tenant key that starts with a NUL byte is stored as if of tenant "" ("\0\0" +
-// key), so that no key of one tenant can name a key of another (proto/master.proto).
-std::string ScopedKey(const std::string& tenant, std::string_view key) {
-  if (tenant.empty() && !key.starts_with('\0')) return std::string(key);
-  std::string scoped;
-  scoped.reserve(tenant.size() + 2 + key.size());
-  scoped.push_back('\0');
-  scoped += tenant;
-  scoped.push_back('\0');
-  scoped += key;
-  return scoped;
-}
-
-Status ValidateTenant(const std::string& tenant) {
-  if (tenant.size() > 128) {
-    return InvalidArgumentError("tenant_id has " + std::to_string(tenant.size()) +
-                                " bytes; at most 128");
-  }
-  if (tenant.find('\0') != std::string::npos) {
-    return InvalidArgumentError("tenant_id contains a NUL byte");
-  }
-  return Status::Ok();
-}
-
-// Part of an object's bytes in caller memory: [dst, dst + size) holds bytes
-// [offset, offset + size) of the value.
-struct Fragment {
-  void* dst = nullptr;
-  uint64_t offset = 0;
-  uint64_t size = 0;
-};
-
-// One BufferSlice per key, as the single-buffer calls pass them.
-struct SingleSlices {
-  SingleSlices(std::span<const void* const> ptrs, std::span<const size_t> sizes) {
-    slices.reserve(ptrs.size());
-    for (size_t i = 0; i < ptrs.size(); ++i) {
-      slices.push_back(BufferSlice{const_cast<void*>(ptrs[i]), sizes[i]});
-    }
-    for (const BufferSlice& slice : slices) pieces.emplace_back(&slice, 1);
-  }
-  std::vector<BufferSlice> slices;
-  std::vector<std::span<const BufferSlice>> pieces;
-};
-
-struct OpenedSegment {
-  SegmentHandle handle = 0;
-  int rank = 2;
-};
-
-// The segments one batch touches, by master segment id: a few, so a flat list beats a map.
-class OpenedSegments {
- public:
-  const OpenedSegment* Find(uint64_t id) const {
-    for (const auto& [key, segment] : list_) {
-      if (key == id) return &segment;
-    }
-    return nullptr;
-  }
-  void Add(uint64_t id, OpenedSegment segment) {
-    if (Find(id) == nullptr) list_.emplace_back(id, segment);
-  }
-  void Erase(uint64_t id) {
-    std::erase_if(list_, [id](const auto& entry) { return entry.first == id; });
-  }
-  // Lower is better; segments that are not open rank last.
-  int RankOf(uint64_t id) const {
-    const OpenedSegment* segment = Find(id);
-    return segment == nullptr ? 3 : segment->rank;
-  }
-
- private:
-  std::vector<std::pair<uint64_t, OpenedSegment>> list_;
-};
 
 class StoreClientImpl final : public StoreClient {
  public:
   StoreClientImpl(StoreClientOptions options, std::unique_ptr<TransferEngine> engine)
       : options_(std::move(options)),
         engine_(std::move(engine)),
-        master_(MasterOptionsFor(options_, engine_->id())) {}
-
-  static client::MasterClientOptions MasterOptionsFor(const StoreClientOptions& options,
-                                                      const std::string& client_id) {
-    auto option_or_env = [](const std::string& option, const char* variable) {
-      return option.empty() ? GetEnv(variable) : option;
-    };
-    client::MasterClientOptions out;
-    out.address = options.master_address;
-    out.timeout = options.rpc_timeout;
-    out.client_id = client_id;
-    out.auth_token = option_or_env(options.auth_token, "LARDER_AUTH_TOKEN");
-    out.admin_token = option_or_env(options.admin_token, "LARDER_ADMIN_TOKEN");
-    out.tls_ca_file = option_or_env(options.tls_ca_file, "LARDER_TLS_CA");
-    return out;
-  }
+        master_(client::MasterOptionsFor(options_, engine_->id())) {}
 
   ~StoreClientImpl() override {
     {
@@ -193,13 +52,7 @@ class StoreClientImpl final : public StoreClient {
     }
     heartbeat_cv_.notify_all();
     if (heartbeat_.joinable()) heartbeat_.join();
-    {
-      std::lock_guard lock(release_mu_);
-      release_stopping_ = true;
-    }
-    release_cv_.notify_all();
-    if (releaser_.joinable()) releaser_.join();
-    SendReleases(TakeReleases());
+    releases_.Stop();
     proto::UnmountSegmentsRequest request;
     proto::UnmountSegmentsReply reply;
     request.set_client_id(engine_->id());
@@ -225,7 +78,7 @@ class StoreClientImpl final : public StoreClient {
     }
     LARDER_RETURN_IF_ERROR(Mount(mount_generation_));
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-    releaser_ = std::thread([this] { ReleaseLoop(); });
+    releases_.Start();
     return Status::Ok();
   }
 
@@ -527,9 +380,7 @@ class StoreClientImpl final : public StoreClient {
 
   std::vector<Result<ObjectInfo>> BatchGetObjectInfo(std::span<const std::string> keys) override {
     const size_t n = keys.size();
-    std::vector<Result<ObjectInfo>> results;
-    results.reserve(n);
-    if (n == 0) return results;
+    if (n == 0) return {};
     proto::BatchKeysRequest request;
     proto::BatchGetReplicasReply reply;
     AddKeys(keys, request.mutable_keys());
@@ -542,42 +393,8 @@ class StoreClientImpl final : public StoreClient {
       list.mutable_segment_id()->Add(reply.segment_id().begin(), reply.segment_id().end());
       status = master_.Call("ListSegments", &Stub::ListSegments, list, &segments);
     }
-    if (!status.ok()) {
-      for (size_t i = 0; i < n; ++i) results.emplace_back(status);
-      return results;
-    }
-    std::unordered_map<uint64_t, const proto::SegmentInfo*> by_id;
-    std::unordered_map<uint64_t, std::string> endpoint_of;
-    for (const proto::SegmentInfo& info : segments.segments()) {
-      by_id[info.segment_id()] = &info;
-      auto descriptor = SegmentDescriptor::FromJson(info.descriptor_json());
-      if (descriptor.ok()) endpoint_of[info.segment_id()] = descriptor->tcp_endpoint;
-    }
-    std::vector<Status> statuses = ItemStatuses(n, reply.errors());
-    int first = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int count = static_cast<int>(reply.replica_count(static_cast<int>(i)));
-      if (!statuses[i].ok()) {
-        results.emplace_back(statuses[i]);
-        first += count;
-        continue;
-      }
-      ObjectInfo info;
-      info.size = reply.size(static_cast<int>(i));
-      for (int r = first; r < first + count; ++r) {
-        ReplicaInfo replica;
-        replica.offset = reply.offset(r);
-        auto it = by_id.find(reply.segment_id(r));
-        if (it == by_id.end()) continue;  // unmounted between the two calls
-        replica.segment_name = it->second->name();
-        replica.address = it->second->base() + replica.offset;
-        replica.endpoint = endpoint_of[reply.segment_id(r)];
-        info.replicas.push_back(std::move(replica));
-      }
-      first += count;
-      results.emplace_back(std::move(info));
-    }
-    return results;
+    if (!status.ok()) return std::vector<Result<ObjectInfo>>(n, status);
+    return ObjectInfos(reply, segments);
   }
 
   Result<RouteKind> RouteTo(std::string_view segment_name) override {
@@ -662,12 +479,12 @@ class StoreClientImpl final : public StoreClient {
     uint64_t generation = mount_generation_.load();
     request->set_client_id(engine_->id());
     if constexpr (requires { request->mutable_release_leases(); }) {
-      std::vector<uint64_t> releases = TakeReleasesForCall();
+      std::vector<uint64_t> releases = releases_.TakeForCall();
       request->mutable_release_leases()->Add(releases.begin(), releases.end());
     } else {
       // A call that cannot carry releases (RemoveAll, RemoveByRegex) sends them first, so that
       // this client's own finished reads never stand in its way.
-      SendReleases(TakeReleasesForCall());
+      SendReleases(releases_.TakeForCall());
     }
     Status status = master_.Call(name, method, *request, reply);
     if (status.code() == StatusCode::kUnavailable) {
@@ -756,18 +573,7 @@ class StoreClientImpl final : public StoreClient {
 
   // The engine's counters, for the master's /metrics.
   void AddTraffic(proto::HeartbeatRequest* request) const {
-    EngineStats stats = engine_->Stats();
-    for (const PeerTransferStats& peer : stats.peers) {
-      if (request->traffic_size() >= 1024) break;
-      proto::RouteTraffic* t = request->add_traffic();
-      t->set_peer_client_id(peer.engine_id);
-      t->set_route(std::string(RouteKindName(peer.route)));
-      t->set_requests(peer.reads.requests + peer.writes.requests);
-      t->set_bytes(peer.reads.bytes + peer.writes.bytes);
-      t->set_failures(peer.reads.failures + peer.writes.failures);
-    }
-    request->set_mapped_segments(stats.mapped_segments);
-    request->set_mapped_bytes(stats.mapped_bytes);
+    AddTrafficReport(engine_->Stats(), request);
   }
 
   // Closes the opened segments the master no longer lists (unmounted, or lost with their owner),
@@ -799,48 +605,7 @@ class StoreClientImpl final : public StoreClient {
     return true;
   }
 
-  // ---- lease releases ----
-  //
-  // A get's lease is released as soon as its copy has ended: the id waits in pending_releases_
-  // for the client's next master call to carry it (no round trip of its own while the client is
-  // busy), and the releaser thread sends whatever is still waiting after lease_release_delay. A
-  // release that is lost (the call carrying it failed) costs nothing but the lease's TTL.
-  //
-  // Every release queued before a call starts reaches the master before that call does: the call
-  // carries it, or waits for the releaser's call that carries it. So a client that read a key and
-  // then removes it never finds its own read in the way.
-
-  void QueueRelease(uint64_t lease_id) {
-    if (lease_id == 0) return;
-    bool wake;
-    {
-      std::lock_guard lock(release_mu_);
-      if (pending_releases_.empty()) oldest_pending_ = SteadyClock::now();
-      pending_releases_.push_back(lease_id);
-      // The releaser is woken only when it sleeps with nothing to do: a busy reader's gets cost
-      // no wake-up each.
-      wake = releaser_idle_;
-      releaser_idle_ = false;
-    }
-    if (wake) release_cv_.notify_all();
-  }
-
-  std::vector<uint64_t> TakeReleases() {
-    std::vector<uint64_t> taken;
-    std::lock_guard lock(release_mu_);
-    taken.swap(pending_releases_);
-    return taken;
-  }
-
-  std::vector<uint64_t> TakeReleasesForCall() {
-    std::vector<uint64_t> taken;
-    std::unique_lock lock(release_mu_);
-    if (pending_releases_.empty() && !releases_in_flight_) return taken;
-    release_cv_.wait(lock, [this] { return !releases_in_flight_; });
-    taken.swap(pending_releases_);
-    return taken;
-  }
-
+  // Sends lease releases that no call carried (LeaseReleaser's thread, and Stop).
   void SendReleases(std::vector<uint64_t> ids) {
     if (ids.empty()) return;
     proto::ReleaseLeasesRequest request;
@@ -854,32 +619,6 @@ class StoreClientImpl final : public StoreClient {
     } else if (reply.errors_size() > 0) {
       Log().warn("larder-master refused to release {} lease(s): {}", reply.errors_size(),
                  reply.errors(0).status().message());
-    }
-  }
-
-  void ReleaseLoop() {
-    std::unique_lock lock(release_mu_);
-    while (!release_stopping_) {
-      if (pending_releases_.empty()) {
-        releaser_idle_ = true;
-        release_cv_.wait(lock, [this] { return release_stopping_ || !pending_releases_.empty(); });
-        releaser_idle_ = false;
-        continue;
-      }
-      // Give a call the time to carry them; a call may take them, and newer ones arrive.
-      auto due = oldest_pending_ + options_.lease_release_delay;
-      if (SteadyClock::now() < due) {
-        release_cv_.wait_until(lock, due, [this] { return release_stopping_; });
-        continue;
-      }
-      std::vector<uint64_t> ids;
-      ids.swap(pending_releases_);
-      releases_in_flight_ = true;
-      lock.unlock();
-      SendReleases(std::move(ids));
-      lock.lock();
-      releases_in_flight_ = false;
-      release_cv_.notify_all();
     }
   }
 
@@ -1094,7 +833,7 @@ class StoreClientImpl final : public StoreClient {
     Status status = Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply);
     if (status.ok()) status = CheckReplicaColumns(reply, n);
     if (!status.ok()) {
-      QueueRelease(reply.lease_id());  // a lease on a reply that cannot be used, if any
+      releases_.Queue(reply.lease_id());  // a lease on a reply that cannot be used, if any
       return std::vector<Status>(n, status);
     }
     std::vector<Status> results = ItemStatuses(n, reply.errors());
@@ -1189,7 +928,7 @@ class StoreClientImpl final : public StoreClient {
     // The lease protected the bytes only until lease_end; past it they may have been evicted
     // and reused while we copied. The copy is over either way: the lease can go.
     const bool lease_expired = SteadyClock::now() > lease_end;
-    QueueRelease(reply.lease_id());
+    releases_.Queue(reply.lease_id());
     for (const Job& job : jobs) {
       if (!job.tried) {
         results[job.index] =
@@ -1229,15 +968,10 @@ class StoreClientImpl final : public StoreClient {
   bool stopping_ = false;  // guarded by heartbeat_mu_
   std::thread heartbeat_;
 
-  // Everything below but the thread is guarded by release_mu_.
-  std::mutex release_mu_;
-  std::condition_variable release_cv_;
-  std::vector<uint64_t> pending_releases_;
-  SteadyClock::time_point oldest_pending_;  // when pending_releases_[0] was queued
-  bool releaser_idle_ = false;              // the releaser sleeps until a release is queued
-  bool releases_in_flight_ = false;         // the releaser is sending some
-  bool release_stopping_ = false;
-  std::thread releaser_;
+  // Declared last: destroyed first, while master_ can still send what is left.
+  client::LeaseReleaser releases_{options_.lease_release_delay, [this](std::vector<uint64_t> ids) {
+                                    SendReleases(std::move(ids));
+                                  }};
 };
 
 }  // namespace
@@ -1246,22 +980,8 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOption
   if (options.master_address.empty()) return InvalidArgumentError("master_address is empty");
   if (options.replica_num == 0) return InvalidArgumentError("replica_num must be at least 1");
   LARDER_RETURN_IF_ERROR(ValidateTenant(options.tenant_id));
-  TransferEngineOptions engine_options;
-  engine_options.role = EngineRole::kStore;
-  engine_options.protocol = options.protocol;
-  // "ip" listens on a free port; "ip:port" (one colon: not a bare IPv6 address) on that port.
-  const bool has_port =
-      std::count(options.local_hostname.begin(), options.local_hostname.end(), ':') == 1;
-  engine_options.listen_address = has_port ? options.local_hostname : options.local_hostname + ":0";
-  engine_options.auth_token = options.auth_token;
-  engine_options.tls_ca_file = options.tls_ca_file;
-  engine_options.tls_cert_file = options.tls_cert_file;
-  engine_options.tls_key_file = options.tls_key_file;
-  engine_options.host_id = options.host_id;
-  engine_options.huge_pages = options.huge_pages;
-  engine_options.default_timeout = options.transfer_timeout;
   LARDER_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine,
-                          TransferEngine::Create(engine_options));
+                          TransferEngine::Create(client::StoreEngineOptions(options)));
   auto client = std::make_unique<StoreClientImpl>(options, std::move(engine));
   LARDER_RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<StoreClient>(std::move(client));

@@ -1,0 +1,106 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Pieces of StoreClientImpl (store_client.cc) that need none of its state: batch limits, route
+// ranks, tenant-scoped keys, and the small types of its read and write paths. Not public API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "client/master_client.h"
+#include "larder/status.h"
+#include "larder/store_client.h"
+#include "larder/transfer_engine.h"
+#include "master.grpc.pb.h"
+
+namespace larder::client {
+
+// Largest batch of one call: the master's limit (kMaxBatchItems) and the engine's default
+// max_batch_requests. A put past it is refused before the master allocates anything for it.
+constexpr size_t kMaxBatch = 65536;
+
+Status BatchTooLarge(size_t items);
+
+// Lower is better: same process, then same host, then the network.
+int RouteRank(RouteKind route);
+
+// The key the master stores for `key` of `tenant`: tenants' keys are "\0" + tenant + "\0" + key,
+// and a default-tenant key that starts with a NUL byte is stored as if of tenant "" ("\0\0" +
+// key), so that no key of one tenant can name a key of another (proto/master.proto).
+std::string ScopedKey(const std::string& tenant, std::string_view key);
+
+Status ValidateTenant(const std::string& tenant);
+
+// Part of an object's bytes in caller memory: [dst, dst + size) holds bytes
+// [offset, offset + size) of the value.
+struct Fragment {
+  void* dst = nullptr;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// One BufferSlice per key, as the single-buffer calls pass them.
+struct SingleSlices {
+  SingleSlices(std::span<const void* const> ptrs, std::span<const size_t> sizes) {
+    slices.reserve(ptrs.size());
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      slices.push_back(BufferSlice{const_cast<void*>(ptrs[i]), sizes[i]});
+    }
+    for (const BufferSlice& slice : slices) pieces.emplace_back(&slice, 1);
+  }
+  std::vector<BufferSlice> slices;
+  std::vector<std::span<const BufferSlice>> pieces;
+};
+
+struct OpenedSegment {
+  SegmentHandle handle = 0;
+  int rank = 2;
+};
+
+// The segments one batch touches, by master segment id: a few, so a flat list beats a map.
+class OpenedSegments {
+ public:
+  const OpenedSegment* Find(uint64_t id) const {
+    for (const auto& [key, segment] : list_) {
+      if (key == id) return &segment;
+    }
+    return nullptr;
+  }
+  void Add(uint64_t id, OpenedSegment segment) {
+    if (Find(id) == nullptr) list_.emplace_back(id, segment);
+  }
+  void Erase(uint64_t id) {
+    std::erase_if(list_, [id](const auto& entry) { return entry.first == id; });
+  }
+  // Lower is better; segments that are not open rank last.
+  int RankOf(uint64_t id) const {
+    const OpenedSegment* segment = Find(id);
+    return segment == nullptr ? 3 : segment->rank;
+  }
+
+ private:
+  std::vector<std::pair<uint64_t, OpenedSegment>> list_;
+};
+
+// The ObjectInfo of each key of a metadata-only BatchGetReplicas reply, with the names and
+// addresses of `segments` (ListSegments of the reply's segment ids). A replica on a segment that
+// is not listed (unmounted in between) is left out.
+std::vector<Result<ObjectInfo>> ObjectInfos(const proto::BatchGetReplicasReply& reply,
+                                            const proto::ListSegmentsReply& segments);
+
+// The engine's counters, as a heartbeat reports them to the master (for its /metrics).
+void AddTrafficReport(const EngineStats& stats, proto::HeartbeatRequest* request);
+
+// How a store client reaches the master: its address and timeout, and the tokens and CA of
+// `options`, else of LARDER_AUTH_TOKEN, LARDER_ADMIN_TOKEN and LARDER_TLS_CA.
+MasterClientOptions MasterOptionsFor(const StoreClientOptions& options,
+                                     const std::string& client_id);
+// The options of a store client's engine (role kStore).
+TransferEngineOptions StoreEngineOptions(const StoreClientOptions& options);
+
+}  // namespace larder::client
