@@ -31,6 +31,8 @@ packages=(
   python3-pytest
   python3-numpy
   python3-torch
+  etcd-server
+  etcd-client
 )
 
 missing=()

@@ -10,6 +10,8 @@
 //   mount     owner mount, peer open and first gets on large segments, and the memory they cost
 //   deployment  the RFC topology: two prefills hammering the store on host A, a decode pulling
 //             PD KV pages from them on host B (a network namespace when root allows)
+//   failover  kill -9 the master under load: when puts and gets resume, how long the rebuild
+//             takes, and how many stored objects stay readable
 // Every subcommand accepts --json (the internal workers speak JSON anyway).
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 
 #include "bench/deployment_bench.h"
 #include "bench/deployment_worker.h"
+#include "bench/failover_bench.h"
 #include "bench/master_bench.h"
 #include "bench/mount_bench.h"
 #include "bench/mount_worker.h"
@@ -155,6 +158,8 @@ int main(int argc, char** argv) {
   m->add_flag("--auth", master_bench.auth,
               "give the master a cluster token: every call proves it (the cost of auth)");
   m->add_flag("--json", master_bench.json, "one JSON object");
+  m->add_option("--rebuild", master_bench.rebuild,
+                "instead: time a master's rebuild from catalogs of N objects (in process)");
 
   larder::bench::ReplayOptions replay;
   std::string replay_speed = "max";
@@ -301,6 +306,97 @@ int main(int argc, char** argv) {
   dep->add_flag("--no-netns", deployment.no_netns,
                 "keep the decode in this namespace (another LARDER_HOST_ID) even as root");
 
+  larder::bench::FailoverBenchOptions failover;
+  std::string failover_ha = "on";
+  auto* fo = app.add_subcommand(
+      "failover",
+      "kill -9 the master under mixed load and measure recovery: when each client's puts and "
+      "gets resume, how long the new master takes to rebuild the stored objects from the "
+      "clients' catalogs, and how many of them every client reads back intact");
+  fo->footer(
+      "Phases: the clients store --objects (each its share, in its own segment); steady state "
+      "(every client puts --steady-puts fresh keys, then gets random stored keys for "
+      "--steady-duration); the bench then waits until every client's catalog holds all the "
+      "objects it owns (polling each client, up to --sync-timeout), so that what follows "
+      "measures recovery and not the catalog's sync lag (200 ms); every client starts a probe "
+      "loop (a batch of fresh puts and a batch of gets of stored keys every "
+      "--probe-interval-ms); the master is killed with SIGKILL; the bench waits (up to "
+      "--recovery-timeout) until every client has put and got again and the new master's "
+      "recovered_objects (GetStats) reached the catalogs' total; finally every client reads "
+      "back all stored objects, verified (again while some are still being rebuilt). When the "
+      "master reports no recovered object, rebuild_s is the end of the first read-back that "
+      "found every object readable. Times are from the kill.");
+  fo->add_option("--mode", failover.mode,
+                 "standby: two masters with --etcd on one cluster id, clients on etcd://, the "
+                 "leader is killed; restart: one master without etcd on a fixed port, killed and "
+                 "started again on it")
+      ->check(CLI::IsMember({"standby", "restart"}))
+      ->capture_default_str();
+  fo->add_option("--ha", failover_ha,
+                 "off: only the steady-state phase, against a plain master (no etcd, no kill)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  fo->add_flag("--compare", failover.compare,
+               "run the steady-state phase against a plain master first, then the failover run, "
+               "and print both steady-state rates (in restart mode both masters are plain, so "
+               "the difference is noise)");
+  fo->add_option("--clients", failover.clients, "store client processes")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  fo->add_option("--objects", failover.objects,
+                 "objects stored before the kill, over all clients (at most 1000000)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1000000}))
+      ->capture_default_str();
+  fo->add_option("--value-size", failover.value_size,
+                 "bytes per object; segments are sized for the objects, the steady-state puts "
+                 "and the probe's puts, so nothing is evicted")
+      ->transform(ByteSize())
+      ->default_str("4K");
+  fo->add_option("--batch", failover.batch,
+                 "keys per batch call when storing, in steady state and when reading back")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  fo->add_option("--steady-puts", failover.steady_puts,
+                 "fresh keys each client puts in the steady-state put phase (0: no put phase)")
+      ->capture_default_str();
+  fo->add_option("--steady-duration", failover.steady_duration_s,
+                 "seconds of the steady-state get phase")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  fo->add_option("--probe-batch", failover.probe_batch, "keys per batch of the probe loop")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  fo->add_option("--probe-interval-ms", failover.probe_interval_ms,
+                 "pause of the probe loop after each put+get round (the resolution of resume_*)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  fo->add_option("--probe-puts", failover.probe_max_puts,
+                 "most keys the probe puts per client (after that it only gets)")
+      ->capture_default_str();
+  fo->add_option("--etcd", failover.etcd,
+                 "HOST:PORT[,...] of etcd for standby mode (default: start one, `etcd` on PATH "
+                 "or $LARDER_ETCD)");
+  fo->add_option("--leader-ttl", failover.leader_ttl, "the masters' --leader-ttl (standby mode)")
+      ->capture_default_str();
+  fo->add_option("--sync-timeout", failover.sync_timeout_s,
+                 "seconds to wait for the catalogs to hold every owned object")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  fo->add_option("--recovery-timeout", failover.recovery_timeout_s,
+                 "seconds after the kill to wait for the clients to resume, the rebuild and a "
+                 "read-back that finds every object")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  fo->add_option("--protocol", failover.protocol, "store protocol of the clients")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+      ->capture_default_str();
+  fo->add_option("--master-binary", failover.master_binary,
+                 "larder-master to run (default: the one beside larder-bench)");
+  fo->add_flag("--json", failover.json,
+               "one JSON object (mode, objects, readable_fraction, wrong_bytes, resume_put_s, "
+               "resume_get_s, rebuild_s, client_errors, steady_put_ops, steady_get_ops, ...; "
+               "tools/bench/failover_bench.h) instead of a table; progress goes to stderr");
+
   bool deployment_worker_json = false;  // the deployment workers always print JSON
   larder::bench::DeploymentPrefillOptions deployment_prefill;
   auto* dp = app.add_subcommand("deployment-prefill", "a host-A prefill of deployment (internal)");
@@ -356,6 +452,10 @@ int main(int argc, char** argv) {
     return larder::bench::RunDeploymentDecode(deployment_decode);
   }
 
+  if (fo->parsed()) {
+    failover.ha = failover_ha == "on";
+    return larder::bench::RunFailoverBench(failover);
+  }
   if (s->parsed()) {
     if (embedded && !store.master.empty()) {
       std::cerr << "larder-bench store: --embedded and --master exclude each other\n";

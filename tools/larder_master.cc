@@ -1,13 +1,21 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // larder-master: the store's metadata service (gRPC) and its HTTP endpoint. Holds no data.
-// SIGTERM or SIGINT shuts it down cleanly.
+// SIGTERM or SIGINT shuts it down cleanly. With --etcd, a leader that lost its leadership exits
+// with status 3 (after one more lease TTL), for its supervisor to restart it as a standby.
+#include <signal.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <iostream>
+#include <thread>
 
 #include "bench/process.h"
 #include "cli_common.h"
 #include "common/env.h"
+#include "common/logging.h"
+#include "etcd/etcd_client.h"
 #include "master/master_server.h"
 
 namespace {
@@ -30,6 +38,7 @@ int main(int argc, char** argv) {
   larder::master::MasterServerOptions options;
   std::string lease_ttl = "5s", client_ttl = "10s", put_timeout = "30s", placement = "local-first";
   std::string default_soft_pin_ttl = "30m", max_soft_pin_ttl = "24h";
+  std::string etcd_endpoints, leader_ttl = "3s";
   larder::cli::TokenFlags tokens;
   larder::cli::ServiceFlags service;
   app.add_option("--host", options.listen_host,
@@ -100,6 +109,24 @@ int main(int argc, char** argv) {
   app.add_option("--shards", options.master.shards, "metadata shards (one lock each)")
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
+  app.add_option("--etcd", etcd_endpoints,
+                 "etcd endpoints HOST:PORT[,HOST:PORT...]: masters of one --cluster-id elect a "
+                 "leader there; the others are standbys that refuse calls (naming the leader) "
+                 "and take over when its lease lapses. Clients then use "
+                 "LARDER_MASTER=etcd://ENDPOINTS/CLUSTER_ID");
+  app.add_option("--cluster-id", options.cluster_id,
+                 "name of the cluster this master serves ([A-Za-z0-9._-], at most 128); "
+                 "required with --etcd. Without --etcd, a second master of the same cluster on "
+                 "this host refuses to start");
+  app.add_option("--leader-ttl", leader_ttl,
+                 "TTL of the leader's etcd lease: a crashed leader is replaced after about this "
+                 "long, and a leader cut off from etcd stops serving before it (etcd counts "
+                 "whole seconds)")
+      ->check(Duration())
+      ->capture_default_str();
+  app.add_option("--advertise", options.advertise_address,
+                 "HOST:PORT the leader publishes in etcd for clients to dial (default: the "
+                 "--host address and gRPC port, 127.0.0.1 when listening on every interface)");
   larder::cli::AddServiceFlags(&app, &service, "master");
   CLI11_PARSE(app, argc, argv);
   larder::cli::ApplyLogLevel(service);
@@ -123,6 +150,43 @@ int main(int argc, char** argv) {
                                  ? larder::master::PlacementStrategy::kFreeRatio
                                  : larder::master::PlacementStrategy::kLocalHostFirst;
 
+  if (!etcd_endpoints.empty()) {
+    auto endpoints = larder::etcd::ParseEtcdEndpoints(etcd_endpoints);
+    if (!endpoints.ok()) {
+      std::cerr << "larder-master: --etcd: " << endpoints.status() << "\n";
+      return 2;
+    }
+    options.etcd_endpoints = std::move(endpoints).value();
+    if (options.cluster_id.empty()) {
+      std::cerr << "larder-master: --etcd needs --cluster-id (the cluster whose leader it "
+                   "elects)\n";
+      return 2;
+    }
+  }
+  options.leader_ttl = ToDuration(leader_ttl);
+  if (options.leader_ttl < std::chrono::seconds(1)) {
+    std::cerr << "larder-master: --leader-ttl " << leader_ttl << " is below 1s\n";
+    return 2;
+  }
+  // A leader that lost its lease serves nothing more; it exits after one more TTL (by then a
+  // standby leads), with status 3, so that its supervisor restarts it as a standby.
+  static std::atomic<bool> leadership_lost{false};
+  const std::chrono::milliseconds exit_delay = options.leader_ttl;
+  options.on_leadership_lost = [exit_delay](const larder::Status& why) {
+    larder::Log().error(
+        "larder-master exits with status 3 in {} ms, to be restarted as a standby ({})",
+        exit_delay.count(), why.message());
+    if (leadership_lost.exchange(true)) return;
+    std::thread([exit_delay] {
+      std::this_thread::sleep_for(exit_delay);
+      kill(getpid(), SIGTERM);  // ends WaitForShutdown below
+    }).detach();
+  };
+  std::string cluster_id = options.cluster_id;
+  options.on_role_change = [cluster_id](std::string_view role) {
+    std::cerr << "larder-master: role " << role << " in cluster " << cluster_id << "\n";
+  };
+
   auto server = larder::master::MasterServer::Start(options);
   if (!server.ok()) {
     std::cerr << "larder-master: " << server.status() << "\n";
@@ -134,5 +198,5 @@ int main(int argc, char** argv) {
   larder::cli::WaitForShutdown(service);
   std::cerr << "larder-master: shutting down\n";
   (*server)->Shutdown();
-  return 0;
+  return leadership_lost.load() ? 3 : 0;
 }

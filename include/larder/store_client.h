@@ -36,7 +36,8 @@ namespace larder {
 
 // Every field has its default here and in docs/configuration.md.
 struct StoreClientOptions {
-  // larder-master's gRPC address.
+  // larder-master's gRPC address "host:port", or "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID"
+  // to follow the leader of a highly available cluster (docs/store.md, "High availability").
   std::string master_address = "127.0.0.1:50051";
   // Address this process's data server listens on (other hosts reach its segment there): "ip"
   // (a free port) or "ip:port".
@@ -82,6 +83,10 @@ struct StoreClientOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   // Deadline of each call to the master.
   std::chrono::milliseconds rpc_timeout{10000};
+  // How long creation waits for a master (or, with an etcd:// address, its cluster's leader)
+  // to answer, logging what it waits for, before it fails with Unavailable. A serving process
+  // started beside its master (as orchestrators start them) then does not crash.
+  std::chrono::milliseconds master_connect_timeout{30000};
   // Deadline of the data movement of one batch.
   std::chrono::milliseconds transfer_timeout{10000};
   // A get releases its lease when its copy has ended. The release rides on the client's next
@@ -92,9 +97,9 @@ struct StoreClientOptions {
   // LARDER_SEGMENT_NAME, LARDER_GLOBAL_SEGMENT_SIZE and LARDER_LOCAL_BUFFER_SIZE (sizes such as
   // "4gb", "512MiB"), LARDER_REPLICA_NUM, LARDER_AUTH_TOKEN, LARDER_ADMIN_TOKEN, LARDER_TLS_CA,
   // LARDER_TLS_CERT, LARDER_TLS_KEY, LARDER_HOST_ID, LARDER_TENANT,
-  // LARDER_LEASE_RELEASE_DELAY ("1ms", "2s"). The protocol is left
-  // empty, so the engine resolves LARDER_STORE_PROTOCOL / LARDER_PROTOCOL itself.
-  // Errors: InvalidArgument naming the variable that does not parse.
+  // LARDER_LEASE_RELEASE_DELAY ("1ms", "2s"), LARDER_MASTER_CONNECT_TIMEOUT ("30s"). The protocol
+  // is left empty, so the engine resolves LARDER_STORE_PROTOCOL / LARDER_PROTOCOL itself. Errors:
+  // InvalidArgument naming the variable that does not parse.
   static Result<StoreClientOptions> FromEnvironment();
 };
 
@@ -254,6 +259,11 @@ class StoreClient {
   // kSameHostShm on the same host when shm is enabled, kTcp otherwise). Errors: NotFound (no such
   // segment is mounted), Unavailable (it cannot be reached).
   virtual Result<RouteKind> RouteTo(std::string_view segment_name) = 0;
+
+  // Objects this client's catalog holds: those committed in its own segment, as the master last
+  // reported them. A new master incarnation rebuilds them from it (docs/store.md, "High
+  // availability"). 0 for a client without a segment.
+  virtual uint64_t CatalogSize() const { return 0; }
 };
 
 }  // namespace larder

@@ -438,7 +438,8 @@ StoreClientOptions MakeOptions(py::handle master, py::handle local_hostname,
                                py::handle local_buffer_size, py::handle protocol,
                                py::handle replica_num, py::handle auth_token, py::handle host_id,
                                py::handle heartbeat_interval, py::handle rpc_timeout,
-                               py::handle transfer_timeout, py::handle tenant_id) {
+                               py::handle transfer_timeout, py::handle tenant_id,
+                               py::handle connect_timeout) {
   StoreClientOptions options = ValueOrThrow(StoreClientOptions::FromEnvironment());
   auto set_string = [](py::handle value, std::string* field) {
     if (!value.is_none()) *field = value.cast<std::string>();
@@ -470,6 +471,9 @@ StoreClientOptions MakeOptions(py::handle master, py::handle local_hostname,
   if (!transfer_timeout.is_none()) {
     options.transfer_timeout = ToMilliseconds(transfer_timeout, "transfer_timeout");
   }
+  if (!connect_timeout.is_none()) {
+    options.master_connect_timeout = ToMilliseconds(connect_timeout, "connect_timeout");
+  }
   return options;
 }
 
@@ -482,7 +486,8 @@ of its LARDER_* environment variable (LARDER_MASTER, LARDER_LOCAL_HOSTNAME,
 LARDER_GLOBAL_SEGMENT_SIZE, ...), else the default of docs/configuration.md.
 
 Args:
-    master: larder-master's "host:port" (default "127.0.0.1:50051").
+    master: larder-master's "host:port" (default "127.0.0.1:50051"), or
+        "etcd://HOST:PORT[,HOST:PORT]/CLUSTER_ID" to follow a highly available cluster's leader.
     local_hostname: IPv4 address this process's data server listens on (default "127.0.0.1").
     segment_name: name of this client's segment (default "<local_hostname>:<data port>").
     global_segment_size: bytes contributed to the pool, an int or a string such as "4gb"
@@ -494,11 +499,13 @@ Args:
     auth_token: cluster secret (default LARDER_AUTH_TOKEN, else none).
     host_id: host identity (default LARDER_HOST_ID, else the kernel boot id).
     heartbeat_interval, rpc_timeout, transfer_timeout: seconds (float) or strings like "500ms".
+    connect_timeout: how long creation waits for a master that answers (default
+        LARDER_MASTER_CONNECT_TIMEOUT, else 30 s).
     tenant_id: key namespace (default LARDER_TENANT, else the default tenant): keys of other
         tenants are invisible, and remove_all / remove_by_regex stay inside the tenant.
 
 Raises:
-    UnavailableError: the master cannot be reached.
+    UnavailableError: no master answered within connect_timeout.
     InvalidArgumentError: a bad option.
 
 Single-key methods raise a LarderError subclass on failure. Batch methods never raise for one
@@ -536,11 +543,12 @@ void BindStore(py::module_& module) {
                        py::object global_segment_size, py::object local_buffer_size,
                        py::object protocol, py::object replica_num, py::object auth_token,
                        py::object host_id, py::object heartbeat_interval, py::object rpc_timeout,
-                       py::object transfer_timeout, py::object tenant_id) {
-             return std::make_unique<PyStore>(
-                 MakeOptions(master, local_hostname, segment_name, global_segment_size,
-                             local_buffer_size, protocol, replica_num, auth_token, host_id,
-                             heartbeat_interval, rpc_timeout, transfer_timeout, tenant_id));
+                       py::object transfer_timeout, py::object tenant_id,
+                       py::object connect_timeout) {
+             return std::make_unique<PyStore>(MakeOptions(
+                 master, local_hostname, segment_name, global_segment_size, local_buffer_size,
+                 protocol, replica_num, auth_token, host_id, heartbeat_interval, rpc_timeout,
+                 transfer_timeout, tenant_id, connect_timeout));
            }),
            py::arg("master") = py::none(), py::kw_only(), py::arg("local_hostname") = py::none(),
            py::arg("segment_name") = py::none(), py::arg("global_segment_size") = py::none(),
@@ -548,7 +556,7 @@ void BindStore(py::module_& module) {
            py::arg("replica_num") = py::none(), py::arg("auth_token") = py::none(),
            py::arg("host_id") = py::none(), py::arg("heartbeat_interval") = py::none(),
            py::arg("rpc_timeout") = py::none(), py::arg("transfer_timeout") = py::none(),
-           py::arg("tenant_id") = py::none())
+           py::arg("tenant_id") = py::none(), py::arg("connect_timeout") = py::none())
       .def_static(
           "attach",
           [](py::object socket, py::object staging_bytes, py::object timeout) {

@@ -125,7 +125,9 @@ def test_unknown_protocol_maps_to_auto_with_one_warning(mooncake_store, master, 
     assert compat.map_protocol("") == ""
 
 
-def test_setup_failures(mooncake_store):
+def test_setup_failures(mooncake_store, monkeypatch):
+    # Creation waits for a master to answer; this one never does.
+    monkeypatch.setenv("LARDER_MASTER_CONNECT_TIMEOUT", "300ms")
     s = mooncake_store.MooncakeDistributedStore()
     assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "",
                    "127.0.0.1:1") == RPC_FAIL

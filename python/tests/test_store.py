@@ -59,8 +59,8 @@ def test_bad_environment(master, monkeypatch):
 
 
 def test_master_unreachable():
-    with pytest.raises(larder.UnavailableError):
-        larder.Store("127.0.0.1:1", rpc_timeout=1)
+    with pytest.raises(larder.UnavailableError, match="no larder-master answered within 300 ms"):
+        larder.Store("127.0.0.1:1", rpc_timeout=1, connect_timeout="300ms")
 
 
 def test_close_and_context_manager(master, prefix):

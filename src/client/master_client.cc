@@ -3,10 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "common/control_auth.h"
+#include "common/logging.h"
 #include "common/net.h"
 #include "common/proto_mac.h"
 
@@ -36,14 +38,7 @@ MasterClient::MasterClient(std::string address, std::chrono::milliseconds timeou
 
 MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(options)) {
   if (options_.client_id.empty()) options_.client_id = RandomClientId();
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
-  // Reconnect quickly to a restarted master (gRPC's default backoff grows to two minutes).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  credentials_ = grpc::InsecureChannelCredentials();
   if (!options_.tls_ca_file.empty()) {
     std::ifstream in(options_.tls_ca_file, std::ios::binary);
     std::ostringstream ca;
@@ -54,10 +49,80 @@ MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(opt
     }
     grpc::SslCredentialsOptions tls;
     tls.pem_root_certs = ca.str();
-    credentials = grpc::SslCredentials(tls);
+    credentials_ = grpc::SslCredentials(tls);
   }
-  channel_ = grpc::CreateCustomChannel(options_.address, credentials, args);
-  stub_ = proto::Master::NewStub(channel_);
+  if (!etcd::IsEtcdAddress(options_.address)) {
+    connection_ = Connect(options_.address);
+    return;
+  }
+  auto target = etcd::ParseEtcdAddress(options_.address);
+  if (!target.ok()) {
+    init_status_ = target.status().WithContext("master address");
+    return;
+  }
+  etcd_target_ = *target;
+  etcd::EtcdOptions etcd_options;
+  etcd_options.endpoints = target->endpoints;
+  etcd_options.timeout = std::min(options_.timeout, std::chrono::milliseconds(2000));
+  auto etcd = etcd::EtcdClient::Create(etcd_options);
+  if (!etcd.ok()) {
+    init_status_ = etcd.status().WithContext("master address " + options_.address);
+    return;
+  }
+  etcd_ = std::move(*etcd);
+}
+
+std::shared_ptr<const MasterClient::Connection> MasterClient::Connect(
+    const std::string& address) const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  // Reconnect quickly to a restarted master (gRPC's default backoff grows to two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto connection = std::make_shared<Connection>();
+  connection->address = address;
+  connection->channel = grpc::CreateCustomChannel(address, credentials_, args);
+  connection->stub = proto::Master::NewStub(connection->channel);
+  return connection;
+}
+
+std::string MasterClient::Describe() const {
+  if (!etcd_target_) return options_.address;
+  std::lock_guard lock(connection_mu_);
+  if (connection_ == nullptr) return options_.address + " (no leader known)";
+  return options_.address + " (leader " + connection_->address + ")";
+}
+
+Result<std::shared_ptr<const MasterClient::Connection>> MasterClient::CurrentConnection() const {
+  LARDER_RETURN_IF_ERROR(init_status_);
+  {
+    std::lock_guard lock(connection_mu_);
+    if (connection_ != nullptr) return connection_;
+  }
+  return LookUpLeader();
+}
+
+Result<std::shared_ptr<const MasterClient::Connection>> MasterClient::LookUpLeader() const {
+  auto leader = etcd::FindLeader(*etcd_, etcd_target_->cluster_id);
+  if (!leader.ok()) {
+    return UnavailableError("larder-master of cluster '" + etcd_target_->cluster_id +
+                            "' unreachable: " + leader.status().message());
+  }
+  std::lock_guard lock(connection_mu_);
+  if (connection_ == nullptr || connection_->address != leader->address) {
+    Log().info("larder-master: following the leader of cluster '{}' at {} (incarnation {:x})",
+               etcd_target_->cluster_id, leader->address, leader->incarnation);
+    connection_ = Connect(leader->address);
+  }
+  return connection_;
+}
+
+bool MasterClient::FollowLeader(const Connection& stale) const {
+  if (!etcd_target_) return false;
+  auto leader = LookUpLeader();
+  return leader.ok() && (*leader)->address != stale.address;
 }
 
 bool MasterClient::IsUnknownSession(const grpc::Status& status) {
@@ -65,11 +130,17 @@ bool MasterClient::IsUnknownSession(const grpc::Status& status) {
          status.error_details() == kUnknownSessionDetail;
 }
 
-Status MasterClient::Sign(const char* name, const google::protobuf::MessageLite& request,
+bool MasterClient::IsUnreachable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+Status MasterClient::Sign(const Connection& connection, const char* name,
+                          const google::protobuf::MessageLite& request,
                           grpc::ClientContext* context, uint64_t* session_id) const {
   LARDER_RETURN_IF_ERROR(init_status_);
   if (options_.auth_token.empty()) return Status::Ok();
-  LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Session> session, CurrentSession());
+  LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Session> session, CurrentSession(connection));
   const uint64_t sequence = sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
   control_auth::Digest mac =
       control_auth::CallMac(session->key, name, sequence, SerializeForMac(request));
@@ -79,33 +150,39 @@ Status MasterClient::Sign(const char* name, const google::protobuf::MessageLite&
   return Status::Ok();
 }
 
-Result<std::shared_ptr<const MasterClient::Session>> MasterClient::CurrentSession() const {
-  std::lock_guard lock(session_mu_);
-  if (session_ != nullptr) return session_;
-  LARDER_ASSIGN_OR_RETURN(session_, OpenSession());
-  return session_;
+Result<std::shared_ptr<const MasterClient::Session>> MasterClient::CurrentSession(
+    const Connection& connection) const {
+  std::lock_guard lock(connection.session_mu);
+  if (connection.session != nullptr) return connection.session;
+  LARDER_ASSIGN_OR_RETURN(connection.session, OpenSession(connection));
+  return connection.session;
 }
 
-void MasterClient::ForgetSession(uint64_t session_id) const {
-  std::lock_guard lock(session_mu_);
-  if (session_ != nullptr && session_->id == session_id) session_.reset();
+void MasterClient::ForgetSession(const Connection& connection, uint64_t session_id) const {
+  std::lock_guard lock(connection.session_mu);
+  if (connection.session != nullptr && connection.session->id == session_id) {
+    connection.session.reset();
+  }
 }
 
-Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession() const {
+Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession(
+    const Connection& connection) const {
   proto::ChallengeRequest ask;
   proto::ChallengeReply challenge;
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    LARDER_RETURN_IF_ERROR(FromGrpc("Challenge", stub_->Challenge(&context, ask, &challenge)));
+    LARDER_RETURN_IF_ERROR(
+        FromGrpc(connection, "Challenge", connection.stub->Challenge(&context, ask, &challenge)));
   }
+  const std::string& address = connection.address;
   if (!challenge.auth_required()) {
-    return PermissionDeniedError("larder-master " + options_.address +
+    return PermissionDeniedError("larder-master " + address +
                                  " does not prove the cluster token (it runs without one): "
                                  "refusing to use it while LARDER_AUTH_TOKEN is set");
   }
   if (challenge.server_nonce().size() != control_auth::kNonceBytes) {
-    return InternalError("larder-master " + options_.address + " sent a malformed challenge");
+    return InternalError("larder-master " + address + " sent a malformed challenge");
   }
   std::string client_nonce(control_auth::kNonceBytes, '\0');
   RandomBytes(reinterpret_cast<uint8_t*>(client_nonce.data()), client_nonce.size());
@@ -125,13 +202,14 @@ Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession()
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    LARDER_RETURN_IF_ERROR(FromGrpc("OpenSession", stub_->OpenSession(&context, open, &opened)));
+    LARDER_RETURN_IF_ERROR(
+        FromGrpc(connection, "OpenSession", connection.stub->OpenSession(&context, open, &opened)));
   }
   if (!control_auth::Equal(
           control_auth::ServerProof(options_.auth_token, options_.client_id, client_nonce,
                                     challenge.server_nonce(), opened.session_id(), opened.admin()),
           opened.proof())) {
-    return PermissionDeniedError("larder-master " + options_.address +
+    return PermissionDeniedError("larder-master " + address +
                                  " did not prove the cluster token: refusing to use it");
   }
   auto session = std::make_shared<Session>();
@@ -141,11 +219,14 @@ Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession()
   return std::shared_ptr<const Session>(std::move(session));
 }
 
-Status MasterClient::FromGrpc(const char* name, const grpc::Status& status) const {
+Status MasterClient::FromGrpc(const Connection& connection, const char* name,
+                              const grpc::Status& status) const {
   if (status.ok()) return Status::Ok();
   auto code = static_cast<StatusCode>(status.error_code());
   if (code == StatusCode::kUnavailable || code == StatusCode::kDeadlineExceeded) {
-    return Status(code, std::string("larder-master ") + options_.address + " unreachable (" + name +
+    std::string where = connection.address;
+    if (etcd_target_) where += " (leader of cluster '" + etcd_target_->cluster_id + "')";
+    return Status(code, std::string("larder-master ") + where + " unreachable (" + name +
                             "): " + status.error_message());
   }
   if (static_cast<int>(code) < 0 || static_cast<int>(code) > 16) code = StatusCode::kUnknown;

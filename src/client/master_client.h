@@ -2,7 +2,9 @@
 //
 // The client side of proto/master.proto: one gRPC channel to larder-master, calls with a deadline,
 // gRPC errors mapped to Status with the master's address as context, and, with a cluster token,
-// the session every call proves (src/common/control_auth.h, docs/security.md).
+// the session every call proves (src/common/control_auth.h, docs/security.md). With an
+// `etcd://` address the channel goes to the cluster's leader, found in etcd, and follows it when
+// it changes.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -11,15 +13,18 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "etcd/etcd_client.h"
 #include "larder/status.h"
 #include "master.grpc.pb.h"
 
 namespace larder::client {
 
 struct MasterClientOptions {
+  // "host:port", or "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID": the leader of that cluster.
   std::string address;
   std::chrono::milliseconds timeout{10000};
   // The id the session acts for (the client's engine id). Empty: a random one.
@@ -38,32 +43,51 @@ class MasterClient {
   explicit MasterClient(MasterClientOptions options);
   MasterClient(std::string address, std::chrono::milliseconds timeout);
 
+  // The master's address as given ("host:port" or "etcd://.../CLUSTER_ID").
   const std::string& address() const { return options_.address; }
+  // For messages: the address, and with etcd the leader's address now.
+  std::string Describe() const;
 
   // Calls `method` on the stub. Errors: Unavailable "larder-master <address> unreachable" when the
-  // master cannot be reached; Unauthenticated / PermissionDenied when either side lacks the
-  // token; otherwise the master's status, prefixed with the call's name. `name` is the method's
-  // name (the proof covers it). A session the master no longer knows (it restarted) is opened
-  // again and the call repeated once.
+  // master cannot be reached (with etcd: no leader is known, or the leader found cannot be
+  // reached); Unauthenticated / PermissionDenied when either side lacks the token; otherwise the
+  // master's status, prefixed with the call's name. `name` is the method's name (the proof covers
+  // it). A session the master no longer knows (it restarted) is opened again and the call
+  // repeated once. With etcd, a call that cannot reach the master (or reaches a standby) looks up
+  // the leader again and, when it changed, repeats the call there.
   template <typename Request, typename Reply>
   Status Call(const char* name,
               grpc::Status (proto::Master::Stub::*method)(grpc::ClientContext*, const Request&,
                                                           Reply*),
               const Request& request, Reply* reply) const {
-    for (int attempt = 0;; ++attempt) {
+    bool session_renewed = false;
+    for (int followed = 0;;) {
+      LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Connection> connection, CurrentConnection());
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
       uint64_t session = 0;
-      if (Status signed_call = Sign(name, request, &context, &session); !signed_call.ok()) {
+      if (Status signed_call = Sign(*connection, name, request, &context, &session);
+          !signed_call.ok()) {
+        if (signed_call.code() == StatusCode::kUnavailable && followed < kMaxFollows &&
+            FollowLeader(*connection)) {
+          ++followed;
+          continue;
+        }
         return signed_call;
       }
-      grpc::Status status = (stub_.get()->*method)(&context, request, reply);
-      if (attempt == 0 && IsUnknownSession(status)) {
-        ForgetSession(session);
+      grpc::Status status = (connection->stub.get()->*method)(&context, request, reply);
+      if (!session_renewed && IsUnknownSession(status)) {
+        session_renewed = true;
+        ForgetSession(*connection, session);
         reply->Clear();
         continue;
       }
-      return FromGrpc(name, status);
+      if (IsUnreachable(status) && followed < kMaxFollows && FollowLeader(*connection)) {
+        ++followed;
+        reply->Clear();
+        continue;
+      }
+      return FromGrpc(*connection, name, status);
     }
   }
 
@@ -72,23 +96,42 @@ class MasterClient {
     uint64_t id = 0;
     std::string key;
   };
+  // A channel to one master, and the session opened there.
+  struct Connection {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<proto::Master::Stub> stub;
+    mutable std::mutex session_mu;
+    mutable std::shared_ptr<const Session> session;  // guarded by session_mu
+  };
+  static constexpr int kMaxFollows = 2;
 
   // Adds the call's proof to `context` (opening a session first when there is none), and says
   // which session it used.
-  Status Sign(const char* name, const google::protobuf::MessageLite& request,
-              grpc::ClientContext* context, uint64_t* session_id) const;
-  Result<std::shared_ptr<const Session>> CurrentSession() const;
-  Result<std::shared_ptr<const Session>> OpenSession() const;
-  void ForgetSession(uint64_t session_id) const;
+  Status Sign(const Connection& connection, const char* name,
+              const google::protobuf::MessageLite& request, grpc::ClientContext* context,
+              uint64_t* session_id) const;
+  Result<std::shared_ptr<const Session>> CurrentSession(const Connection& connection) const;
+  Result<std::shared_ptr<const Session>> OpenSession(const Connection& connection) const;
+  void ForgetSession(const Connection& connection, uint64_t session_id) const;
   static bool IsUnknownSession(const grpc::Status& status);
-  Status FromGrpc(const char* name, const grpc::Status& status) const;
+  static bool IsUnreachable(const grpc::Status& status);
+  Status FromGrpc(const Connection& connection, const char* name, const grpc::Status& status) const;
+  std::shared_ptr<const Connection> Connect(const std::string& address) const;
+  // The channel calls go to now; with etcd, the leader's (looked up when none is known yet).
+  Result<std::shared_ptr<const Connection>> CurrentConnection() const;
+  // With etcd: looks up the leader, and when it is not at `stale`'s address, moves calls there.
+  // True when it moved (the call is worth repeating).
+  bool FollowLeader(const Connection& stale) const;
+  Result<std::shared_ptr<const Connection>> LookUpLeader() const;
 
   MasterClientOptions options_;
-  Status init_status_;  // why the channel could not be made (e.g. an unreadable CA file)
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<proto::Master::Stub> stub_;
-  mutable std::mutex session_mu_;
-  mutable std::shared_ptr<const Session> session_;  // guarded by session_mu_
+  Status init_status_;  // why no channel can be made (an unreadable CA file, a bad etcd address)
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::optional<etcd::EtcdTarget> etcd_target_;
+  std::unique_ptr<etcd::EtcdClient> etcd_;
+  mutable std::mutex connection_mu_;
+  mutable std::shared_ptr<const Connection> connection_;  // guarded by connection_mu_
   mutable std::atomic<uint64_t> sequence_{0};
 };
 

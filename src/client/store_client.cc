@@ -11,6 +11,7 @@
 
 #include "client/lease_releaser.h"
 #include "client/master_client.h"
+#include "client/master_session.h"
 #include "client/store_client_internal.h"
 #include "client/store_pieces.h"
 #include "common/env.h"
@@ -46,20 +47,8 @@ class StoreClientImpl final : public StoreClient {
         master_(client::MasterOptionsFor(options_, engine_->id())) {}
 
   ~StoreClientImpl() override {
-    {
-      std::lock_guard lock(heartbeat_mu_);
-      stopping_ = true;
-    }
-    heartbeat_cv_.notify_all();
-    if (heartbeat_.joinable()) heartbeat_.join();
     releases_.Stop();
-    proto::UnmountSegmentsRequest request;
-    proto::UnmountSegmentsReply reply;
-    request.set_client_id(engine_->id());
-    if (master_segment_id_ != 0) request.add_segment_id(master_segment_id_);
-    request.set_unregister_client(true);
-    Status status = master_.Call("UnmountSegments", &Stub::UnmountSegments, request, &reply);
-    if (!status.ok()) Log().debug("leaving the master: {}", status.ToString());
+    if (session_) session_->Stop();
   }
 
   Status Init() {
@@ -76,8 +65,24 @@ class StoreClientImpl final : public StoreClient {
         if (descriptor.segment_id == local_segment_) descriptor_json_ = descriptor.ToJson();
       }
     }
-    LARDER_RETURN_IF_ERROR(Mount(mount_generation_));
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    client::MasterSessionOptions session;
+    session.client_id = engine_->id();
+    session.host_id = engine_->host_id();
+    session.segment_memory = segment_memory_;
+    session.segment_name = segment_name_;
+    session.descriptor_json = descriptor_json_;
+    session.heartbeat_interval = options_.heartbeat_interval;
+    session.connect_timeout = options_.master_connect_timeout;
+    session.add_traffic = [this](proto::HeartbeatRequest* request) {
+      AddTrafficReport(engine_->Stats(), request);
+    };
+    session.on_mount = [this] {
+      std::lock_guard lock(cache_mu_);
+      cache_.clear();  // segment ids of an earlier incarnation mean nothing now
+    };
+    session.on_segments_changed = [this] { return CloseGoneSegments(); };
+    session_ = std::make_unique<client::MasterSession>(&master_, std::move(session));
+    LARDER_RETURN_IF_ERROR(session_->Start());
     releases_.Start();
     return Status::Ok();
   }
@@ -397,6 +402,8 @@ class StoreClientImpl final : public StoreClient {
     return ObjectInfos(reply, segments);
   }
 
+  uint64_t CatalogSize() const override { return session_ ? session_->catalog().size() : 0; }
+
   Result<RouteKind> RouteTo(std::string_view segment_name) override {
     proto::ListSegmentsRequest request;
     proto::ListSegmentsReply reply;
@@ -476,7 +483,7 @@ class StoreClientImpl final : public StoreClient {
   Status Rpc(const char* name,
              grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Reply*),
              Request* request, Reply* reply) {
-    uint64_t generation = mount_generation_.load();
+    uint64_t generation = session_->generation();
     request->set_client_id(engine_->id());
     if constexpr (requires { request->mutable_release_leases(); }) {
       std::vector<uint64_t> releases = releases_.TakeForCall();
@@ -495,85 +502,9 @@ class StoreClientImpl final : public StoreClient {
       status = master_.Call(name, method, *request, reply);
     }
     if (status.code() != StatusCode::kFailedPrecondition) return status;
-    LARDER_RETURN_IF_ERROR(Mount(generation));
+    LARDER_RETURN_IF_ERROR(session_->Remount(generation));
     reply->Clear();
     return master_.Call(name, method, *request, reply);
-  }
-
-  // Mounts (again) unless another thread already did since `seen_generation`.
-  Status Mount(uint64_t seen_generation) {
-    std::lock_guard lock(mount_mu_);
-    if (mount_generation_.load() != seen_generation) return Status::Ok();
-    proto::MountSegmentsRequest request;
-    proto::MountSegmentsReply reply;
-    request.set_client_id(engine_->id());
-    request.set_host_id(engine_->host_id());
-    if (segment_memory_) {
-      proto::SegmentInfo* segment = request.add_segments();
-      segment->set_name(segment_name_);
-      segment->set_base(reinterpret_cast<uintptr_t>(segment_memory_->data()));
-      segment->set_size(segment_memory_->size());
-      segment->set_descriptor_json(descriptor_json_);
-    }
-    LARDER_RETURN_IF_ERROR(master_.Call("MountSegments", &Stub::MountSegments, request, &reply));
-    if (segment_memory_) {
-      Status status = FromItemStatus(reply.status(0));
-      if (!status.ok()) return status.WithContext("mounting segment '" + segment_name_ + "'");
-      master_segment_id_ = reply.segment_id(0);
-    }
-    if (mount_generation_.load() > 0) {
-      Log().warn(
-          "larder-master {} had lost this client (it expired, or the master restarted); segment "
-          "'{}' mounted again. Objects stored before are no longer in the pool.",
-          master_.address(), segment_name_);
-    }
-    incarnation_ = reply.master_incarnation();
-    {
-      std::lock_guard cache_lock(cache_mu_);
-      cache_.clear();  // segment ids of an earlier incarnation mean nothing now
-    }
-    mount_generation_.fetch_add(1);
-    return Status::Ok();
-  }
-
-  void HeartbeatLoop() {
-    bool reachable = true;
-    auto interval = options_.heartbeat_interval;
-    std::unique_lock lock(heartbeat_mu_);
-    while (!stopping_) {
-      heartbeat_cv_.wait_for(lock, interval, [this] { return stopping_; });
-      if (stopping_) break;
-      lock.unlock();
-      uint64_t generation = mount_generation_.load();
-      proto::HeartbeatRequest request;
-      proto::HeartbeatReply reply;
-      request.set_client_id(engine_->id());
-      AddTraffic(&request);
-      Status status = master_.Call("Heartbeat", &Stub::Heartbeat, request, &reply);
-      if (!status.ok()) {
-        if (reachable) Log().warn("heartbeat failed: {}", status.ToString());
-        reachable = false;
-      } else {
-        if (!reachable) Log().info("larder-master {} reachable again", master_.address());
-        reachable = true;
-        // Three heartbeats per client TTL, so that one late beat never expires us.
-        auto ttl = std::chrono::milliseconds(reply.client_ttl_ms());
-        if (ttl.count() > 0) interval = std::min(options_.heartbeat_interval, ttl / 3);
-        if (reply.remount_required() || reply.master_incarnation() != incarnation_) {
-          Status mounted = Mount(generation);
-          if (!mounted.ok()) Log().warn("remount failed: {}", mounted.ToString());
-        }
-        if (reply.segments_version() != segments_version_) {
-          if (CloseGoneSegments()) segments_version_ = reply.segments_version();
-        }
-      }
-      lock.lock();
-    }
-  }
-
-  // The engine's counters, for the master's /metrics.
-  void AddTraffic(proto::HeartbeatRequest* request) const {
-    AddTrafficReport(engine_->Stats(), request);
   }
 
   // Closes the opened segments the master no longer lists (unmounted, or lost with their owner),
@@ -950,11 +881,7 @@ class StoreClientImpl final : public StoreClient {
   std::string segment_name_;
   std::string descriptor_json_;
 
-  std::mutex mount_mu_;
-  std::atomic<uint64_t> mount_generation_{0};
-  uint64_t master_segment_id_ = 0;  // guarded by mount_mu_
-  uint64_t incarnation_ = 0;        // written under mount_mu_; read by the heartbeat thread
-  uint64_t segments_version_ = 0;   // the heartbeat thread's
+  std::unique_ptr<client::MasterSession> session_;
 
   std::mutex cache_mu_;
   std::unordered_map<uint64_t, OpenedSegment> cache_;        // guarded by cache_mu_
@@ -962,11 +889,6 @@ class StoreClientImpl final : public StoreClient {
 
   mutable std::shared_mutex buffers_mu_;
   std::map<uintptr_t, size_t> buffers_;  // guarded by buffers_mu_
-
-  std::mutex heartbeat_mu_;
-  std::condition_variable heartbeat_cv_;
-  bool stopping_ = false;  // guarded by heartbeat_mu_
-  std::thread heartbeat_;
 
   // Declared last: destroyed first, while master_ can still send what is left.
   client::LeaseReleaser releases_{options_.lease_release_delay, [this](std::vector<uint64_t> ids) {

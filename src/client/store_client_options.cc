@@ -40,6 +40,11 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
     if (!parsed.ok()) return parsed.status().WithContext("LARDER_LEASE_RELEASE_DELAY");
     options.lease_release_delay = *parsed;
   }
+  if (std::string value = GetEnv("LARDER_MASTER_CONNECT_TIMEOUT"); !value.empty()) {
+    auto parsed = ParseDuration(value);
+    if (!parsed.ok()) return parsed.status().WithContext("LARDER_MASTER_CONNECT_TIMEOUT");
+    options.master_connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(*parsed);
+  }
   if (std::string value = GetEnv("LARDER_REPLICA_NUM"); !value.empty()) {
     char* end = nullptr;
     unsigned long n = std::strtoul(value.c_str(), &end, 10);

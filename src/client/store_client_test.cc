@@ -145,7 +145,103 @@ TEST_F(StoreClientTest, MasterDownGivesUnavailable) {
   StoreClientOptions options;
   options.master_address = "127.0.0.1:1";
   options.rpc_timeout = milliseconds(500);
-  EXPECT_EQ(StoreClient::Create(options).status().code(), StatusCode::kUnavailable);
+  options.master_connect_timeout = milliseconds(300);
+  auto created = StoreClient::Create(options);
+  EXPECT_EQ(created.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(created.status().message().find("no larder-master answered within 300 ms"),
+            std::string::npos)
+      << created.status();
+}
+
+// A serving process started a moment before its master (as orchestrators start them) waits for
+// it instead of failing.
+TEST_F(StoreClientTest, CreationWaitsForAMasterStartedAfterIt) {
+  StartMaster();
+  const uint16_t port = master_->port();
+  master_->Shutdown();
+  master_.reset();
+  Result<std::unique_ptr<StoreClient>> created = UnavailableError("not created yet");
+  std::thread creator([&] {
+    StoreClientOptions options;
+    options.master_address = "127.0.0.1:" + std::to_string(port);
+    options.global_segment_size = 16ull << 20;
+    options.master_connect_timeout = milliseconds(30000);
+    created = StoreClient::Create(options);
+  });
+  master::MasterServerOptions server;
+  server.listen_host = "127.0.0.1";
+  server.port = port;
+  server.http_port = -1;
+  auto started = master::MasterServer::Start(server);
+  creator.join();
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto value = Bytes(1000, 3);
+  ASSERT_TRUE((*created)->Put("k", value).ok());
+  auto got = (*created)->Get("k");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), value.size());
+}
+
+// A master restarted in place rebuilds the objects from the client's catalog: they stay readable,
+// byte for byte, and the catalog is current again afterwards.
+TEST_F(StoreClientTest, MasterRestartKeepsTheObjectsInTheCatalog) {
+  StartMaster();
+  const uint16_t port = master_->port();
+  auto client = Client();
+  ASSERT_NE(client, nullptr);
+  constexpr int kObjects = 50;
+  for (int i = 0; i < kObjects; ++i) {
+    ASSERT_TRUE(client->Put("k" + std::to_string(i), Bytes(3000 + i, uint8_t(i))).ok());
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (client->CatalogSize() < kObjects && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_EQ(client->CatalogSize(), uint64_t{kObjects});
+  const uint64_t old_incarnation = master_->state().incarnation();
+  master_->Shutdown();
+  master_.reset();
+
+  master::MasterServerOptions server;
+  server.listen_host = "127.0.0.1";
+  server.port = port;
+  server.http_port = -1;
+  auto restarted = master::MasterServer::Start(server);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  master_ = std::move(*restarted);
+  ASSERT_NE(master_->state().incarnation(), old_incarnation);
+  int readable = 0;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int i = 0; i < kObjects; ++i) {
+    for (;;) {
+      auto got = client->Get("k" + std::to_string(i));
+      if (got.ok()) {
+        auto expected = Bytes(3000 + i, uint8_t(i));
+        EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size()), 0) << i;
+        EXPECT_EQ(got->size(), expected.size());
+        ++readable;
+        break;
+      }
+      ASSERT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status();
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << got.status();
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+  EXPECT_EQ(readable, kObjects);
+  EXPECT_EQ(master_->state().Stats().objects, uint64_t{kObjects});
+  // The new master's feed brings the catalog back to what it holds.
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (client->CatalogSize() != kObjects && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(client->CatalogSize(), uint64_t{kObjects});
+  ASSERT_TRUE(client->Remove("k0").ok());
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (client->CatalogSize() != kObjects - 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(client->CatalogSize(), uint64_t{kObjects - 1});
 }
 
 // The store on the device protocol (its segment in emulated device memory, allocated by the

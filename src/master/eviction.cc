@@ -159,6 +159,7 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
             uint64_t object_bytes = object->size * object->replica_count;
             std::span<const StoredReplica> held = object->replicas();
             replicas.insert(replicas.end(), held.begin(), held.end());
+            LogRemovedLocked(object);
             shard.Erase(object);
             objects_.fetch_sub(1, std::memory_order_relaxed);
             freed_this_round += object_bytes;

@@ -389,12 +389,21 @@ void InstallMooncakeRoutes(httplib::Server& server, MasterState& state, const Ht
 
 }  // namespace
 
-void InstallHttpRoutes(httplib::Server& server, MasterState& state, HttpAuth auth) {
+void InstallHttpRoutes(httplib::Server& server, MasterState& state, HttpAuth auth,
+                       std::function<std::string()> role) {
   server.Get("/metrics", [&state](const httplib::Request&, httplib::Response& response) {
     response.set_content(RenderMetrics(state), "text/plain; version=0.0.4");
   });
-  server.Get("/health", [](const httplib::Request&, httplib::Response& response) {
-    response.set_content("ok\n", "text/plain");
+  server.Get("/health", [role](const httplib::Request&, httplib::Response& response) {
+    const std::string now = role ? role() : std::string("single");
+    if (now == "single") {
+      response.set_content("ok\n", "text/plain");
+      return;
+    }
+    const bool serving = now == "leader" || now == "standby";
+    if (!serving) response.status = 503;
+    response.set_content(Dump({{"status", serving ? "ok" : "unavailable"}, {"role", now}}) + "\n",
+                         "application/json");
   });
   server.Get("/segments", [&state, auth](const httplib::Request& request,
                                          httplib::Response& response) {

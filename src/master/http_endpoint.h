@@ -4,7 +4,9 @@
 
 // The master's HTTP endpoint for operators and monitoring:
 //   GET /metrics          Prometheus text format
-//   GET /health           "ok"
+//   GET /health           "ok" (a master without etcd); with etcd JSON {"status":"ok","role":R},
+//                         R "leader" or "standby", or 503 {"status":"unavailable","role":R}
+//                         once it no longer serves (R "fenced" or "stopped")
 //   GET /segments         JSON array of mounted segments
 //   GET /keys?prefix=P&limit=N   JSON array of {key, size}, sorted (default limit 1000, at most
 //                         100000)
@@ -22,6 +24,7 @@
 // the admin token as a bearer ("Authorization: Bearer TOKEN"; 401 without one, 403 for a wrong
 // one, and always 403 when the master has no admin token).
 
+#include <functional>
 #include <string>
 
 namespace httplib {
@@ -37,6 +40,8 @@ struct HttpAuth {
   std::string admin_token;  // empty: the admin routes are closed while `required`
 };
 
-void InstallHttpRoutes(httplib::Server& server, MasterState& state, HttpAuth auth);
+// `role` (when set) names the master's role in /health (MasterServer::role()); thread-safe.
+void InstallHttpRoutes(httplib::Server& server, MasterState& state, HttpAuth auth,
+                       std::function<std::string()> role = {});
 
 }  // namespace larder::master

@@ -17,13 +17,36 @@ int64_t ToNanos(std::chrono::milliseconds d) {
 
 void MasterState::RunMaintenance() {
   int64_t now = Now();
+  ForgiveStall(now);
   ExpireClients(now);
   ExpireLeases(now);
   ExpireSoftPins(now);
   RevokeTimedOutPuts(now);
   ReleaseQuarantine(now);
   EvictAboveWatermark();
+  EndRecoveryWindow(now);
   SampleRates(now);
+}
+
+// Clients heartbeat every client_ttl / 3. When the master itself did not run for longer than that
+// (SIGSTOP, swap, a starved host), their silence is its own: without this, a master paused for a
+// TTL expires every client at once when it resumes, and drops every object with them.
+void MasterState::ForgiveStall(int64_t now) {
+  int64_t stalled;
+  {
+    std::lock_guard lock(sweep_mu_);
+    stalled = now - last_sweep_;
+    last_sweep_ = now;
+  }
+  if (stalled <= ToNanos(options_.client_ttl) / 3 + ToNanos(options_.sweep_interval)) return;
+  size_t clients;
+  {
+    std::lock_guard lock(clients_mu_);
+    for (auto& [client_id, record] : clients_) record.last_seen = std::max(record.last_seen, now);
+    clients = clients_.size();
+  }
+  Log().warn("master stalled for {} ms: every client gets a fresh TTL ({} client(s))",
+             stalled / 1'000'000, clients);
 }
 
 void MasterState::SampleRates(int64_t now) {
@@ -48,6 +71,8 @@ void MasterState::ExpireClients(int64_t now) {
         ++it;
       }
     }
+    // A claim not renewed for two TTLs was given up (its client mounted elsewhere, or left).
+    std::erase_if(claims_, [&](const auto& entry) { return now - entry.second.since > 2 * ttl; });
   }
   for (const auto& [client_id, slot] : expired) {
     std::vector<SegmentId> segments = segments_.SegmentsOf(slot);
@@ -80,6 +105,7 @@ size_t MasterState::ExpireSoftPins(int64_t now) {
 
 void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot) {
   if (!segments.empty()) segments_version_.fetch_add(1);
+  for (SegmentId id : segments) feed_.RemoveSegment(id);
   auto dropped = [&](const StoredReplica& replica) {
     return std::find(segments.begin(), segments.end(), replica.segment_id) != segments.end();
   };
@@ -94,6 +120,7 @@ void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t wri
         bool revoke = writer_slot != 0 && object->writer == writer_slot &&
                       object->state == ObjectState::kProcessing;
         if (object->replica_count > 0 && !revoke) return false;
+        LogRemovedLocked(object);  // from the catalogs of the replicas left, if any
         // A dead writer may still have bytes in flight into the surviving ranges.
         quarantined.insert(quarantined.end(), object->replicas().begin(), object->replicas().end());
         return true;

@@ -5,12 +5,16 @@
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "common/logging.h"
+#include "common/net.h"
+#include "etcd/etcd_client.h"
 #include "master/http_endpoint.h"
+#include "master/leader_election.h"
 #include "master/service.h"
 
 namespace larder::master {
@@ -43,6 +47,68 @@ Result<std::string> ListenHost(const MasterServerOptions& options) {
   return options.listen_host;
 }
 
+// The gate the service is built with before the election exists (the election needs the
+// bound ports): nothing is served until Set, then the election decides.
+class DeferredGate final : public ServingGate {
+ public:
+  explicit DeferredGate(std::string cluster_id) : cluster_id_(std::move(cluster_id)) {}
+  Status CheckServing() const override {
+    const ServingGate* target = target_.load(std::memory_order_acquire);
+    if (target != nullptr) return target->CheckServing();
+    std::string message = "larder-master of cluster ";
+    message += cluster_id_;
+    message += " is starting and has not joined the leader election yet";
+    return UnavailableError(message);
+  }
+  void Set(const ServingGate* target) { target_.store(target, std::memory_order_release); }
+
+ private:
+  const std::string cluster_id_;
+  std::atomic<const ServingGate*> target_{nullptr};
+};
+
+// "host:port" with a non-empty host and a port 1..65535.
+Status ValidateAdvertiseAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  bool valid = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+               address.size() - colon - 1 <= 5;
+  if (valid) {
+    for (size_t i = colon + 1; i < address.size(); ++i) {
+      if (address[i] < '0' || address[i] > '9') valid = false;
+    }
+  }
+  if (valid) {
+    const int port = std::stoi(address.substr(colon + 1));
+    valid = port >= 1 && port <= 65535;
+  }
+  if (valid) return Status();
+  std::string message = "advertise address '";
+  message += address;
+  message += "' is not HOST:PORT (a port 1..65535)";
+  return InvalidArgumentError(message);
+}
+
+// Without etcd, one master per cluster and host: an abstract Unix socket named after the cluster
+// is the lock (the kernel releases it with the process, even after SIGKILL).
+Result<Fd> LockClusterOnHost(const std::string& cluster_id) {
+  std::string name = "larder-master/";
+  name += cluster_id;
+  auto lock = UnixListenAbstract(name);
+  if (lock.ok()) return lock;
+  std::string message;
+  if (lock.status().code() == StatusCode::kAlreadyExists) {
+    message = "cluster ";
+    message += cluster_id;
+    message +=
+        " already has a master on this host; several masters of one cluster need --etcd (a "
+        "leader and standbys)";
+    return FailedPreconditionError(message);
+  }
+  message = "cannot take the host lock of cluster ";
+  message += cluster_id;
+  return lock.status().WithContext(message);
+}
+
 }  // namespace
 
 struct MasterServer::Impl {
@@ -54,7 +120,11 @@ struct MasterServer::Impl {
   int port = 0;
   std::unique_ptr<httplib::Server> http;
   std::thread http_thread;
+  std::atomic<bool> http_done{false};  // listen_after_bind returned
   int http_port = -1;
+  Fd cluster_lock;                           // without etcd, with a cluster id
+  std::unique_ptr<DeferredGate> gate;        // with etcd
+  std::unique_ptr<LeaderElection> election;  // with etcd; set before any thread reads it
   std::mutex shutdown_mu;
   bool shut_down = false;  // guarded by shutdown_mu
 };
@@ -70,6 +140,16 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return InvalidArgumentError("TLS needs both a certificate and its key (--tls-cert, --tls-key)");
   }
+  const bool with_etcd = !options.etcd_endpoints.empty();
+  if (with_etcd && options.cluster_id.empty()) {
+    return InvalidArgumentError("a master with etcd needs a cluster id (--cluster-id)");
+  }
+  if (!options.cluster_id.empty()) {
+    LARDER_RETURN_IF_ERROR(etcd::ValidateClusterId(options.cluster_id));
+  }
+  if (!options.advertise_address.empty()) {
+    LARDER_RETURN_IF_ERROR(ValidateAdvertiseAddress(options.advertise_address));
+  }
   LARDER_ASSIGN_OR_RETURN(options.listen_host, ListenHost(options));
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (!options.tls_cert_file.empty()) {
@@ -83,7 +163,11 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
   impl->options = options;
   impl->sessions = std::make_unique<SessionTable>(options.auth);
   impl->state = std::make_unique<MasterState>(options.master);
-  impl->service = NewMasterService(impl->state.get(), impl->sessions.get());
+  if (!with_etcd && !options.cluster_id.empty()) {
+    LARDER_ASSIGN_OR_RETURN(impl->cluster_lock, LockClusterOnHost(options.cluster_id));
+  }
+  if (with_etcd) impl->gate = std::make_unique<DeferredGate>(options.cluster_id);
+  impl->service = NewMasterService(impl->state.get(), impl->sessions.get(), impl->gate.get());
 
   grpc::ServerBuilder builder;
   std::string address = options.listen_host + ":" + std::to_string(options.port);
@@ -103,8 +187,13 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
 
   if (options.http_port >= 0) {
     impl->http = std::make_unique<httplib::Server>();
+    Impl* raw = impl.get();
     InstallHttpRoutes(*impl->http, *impl->state,
-                      HttpAuth{impl->sessions->enabled(), options.auth.admin_token});
+                      HttpAuth{impl->sessions->enabled(), options.auth.admin_token}, [raw] {
+                        return raw->election == nullptr
+                                   ? std::string("single")
+                                   : std::string(LeaderElection::RoleName(raw->election->role()));
+                      });
     if (options.http_port == 0) {
       impl->http_port = impl->http->bind_to_any_port(options.listen_host);
     } else {
@@ -116,12 +205,60 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
       return UnavailableError("larder-master cannot listen for HTTP on " + options.listen_host +
                               ":" + std::to_string(options.http_port) + " (port in use?)");
     }
+  }
+  if (with_etcd) {
+    LeaderElectionOptions election;
+    election.etcd_endpoints = options.etcd_endpoints;
+    election.cluster_id = options.cluster_id;
+    election.advertise_address = options.advertise_address;
+    if (election.advertise_address.empty()) {
+      std::string host = options.listen_host;
+      if (host == "0.0.0.0" || host == "::" || host.empty()) {
+        host = "127.0.0.1";
+        Log().warn(
+            "larder-master listens on every interface but advertises {}:{} to clients through "
+            "etcd: give --advertise HOST:PORT for clients on other hosts",
+            host, impl->port);
+      }
+      election.advertise_address = host;
+      election.advertise_address += ':';
+      election.advertise_address += std::to_string(impl->port);
+    }
+    election.http_port = impl->http_port;
+    election.incarnation = impl->state->incarnation();
+    election.lease_ttl = options.leader_ttl;
+    election.on_lost = options.on_leadership_lost;
+    election.on_role_change = options.on_role_change;
+    auto started = LeaderElection::Start(std::move(election));
+    if (!started.ok()) {
+      if (impl->http) impl->http->stop();
+      impl->grpc_server->Shutdown();
+      return started.status();
+    }
+    impl->election = std::move(started).value();
+    impl->gate->Set(impl->election.get());
+  }
+  if (impl->http) {
+    // Started after the election exists: /health reads it.
     httplib::Server* http = impl->http.get();
-    impl->http_thread = std::thread([http] { http->listen_after_bind(); });
+    std::atomic<bool>* done = &impl->http_done;
+    impl->http_thread = std::thread([http, done] {
+      http->listen_after_bind();
+      done->store(true);
+    });
   }
   impl->state->StartSweeper();
   Log().info("larder-master serving gRPC on {}:{}{}, HTTP on {}", options.listen_host, impl->port,
              options.tls_cert_file.empty() ? "" : " (TLS)", impl->http_port);
+  if (with_etcd) {
+    std::string endpoints;
+    for (const std::string& endpoint : options.etcd_endpoints) {
+      if (!endpoints.empty()) endpoints += ',';
+      endpoints += endpoint;
+    }
+    Log().info("larder-master campaigns for the leadership of cluster {} in etcd {}",
+               options.cluster_id, endpoints);
+  }
   if (!impl->sessions->enabled()) {
     if (IsLoopback(options.listen_host)) {
       Log().info("no cluster token: serving loopback only (--auth-token-file, or --insecure)");
@@ -140,6 +277,11 @@ const std::string& MasterServer::listen_host() const { return impl_->options.lis
 int MasterServer::http_port() const { return impl_->http_port; }
 MasterState& MasterServer::state() { return *impl_->state; }
 
+std::string MasterServer::role() const {
+  if (impl_->election == nullptr) return "single";
+  return std::string(LeaderElection::RoleName(impl_->election->role()));
+}
+
 std::string MasterServer::address() const {
   std::string host = impl_->options.listen_host;
   if (host == "0.0.0.0" || host == "::" || host.empty()) host = "127.0.0.1";
@@ -151,12 +293,20 @@ void MasterServer::Shutdown() {
   if (impl_->shut_down) return;
   impl_->shut_down = true;
   if (impl_->http) {
+    // httplib's stop() does nothing before the listening thread has started, which would then
+    // accept forever: wait for it to run (it starts at once) or to have ended.
+    while (impl_->http_thread.joinable() && !impl_->http->is_running() &&
+           !impl_->http_done.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     impl_->http->stop();
     if (impl_->http_thread.joinable()) impl_->http_thread.join();
   }
   // In-flight calls get a short grace period to finish.
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   impl_->grpc_server->Wait();
+  // Only once no call of ours is in flight: then the key goes and a standby takes over.
+  if (impl_->election) impl_->election->Stop();
 }
 
 }  // namespace larder::master

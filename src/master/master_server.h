@@ -2,9 +2,13 @@
 //
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "larder/status.h"
 #include "master/master_state.h"
@@ -30,13 +34,33 @@ struct MasterServerOptions {
   // TLS for gRPC (PEM files). Both or neither; clients then need the CA (LARDER_TLS_CA).
   std::string tls_cert_file;
   std::string tls_key_file;
+  // High availability (leader_election.h). With etcd endpoints ("host:port"), the masters of
+  // `cluster_id` elect one leader through etcd; the others are standbys that answer every call
+  // with Unavailable naming the leader, and take over once its lease lapses. Empty: no etcd.
+  std::vector<std::string> etcd_endpoints;
+  // Required with etcd (etcd::ValidateClusterId). Without etcd, a cluster id makes the master
+  // hold a host-wide lock for it, so that a second master of the cluster on this host refuses to
+  // start. Empty: no cluster id.
+  std::string cluster_id;
+  // TTL of the leader's etcd lease: about how long a crashed leader takes to be replaced.
+  std::chrono::milliseconds leader_ttl{3000};
+  // "host:port" the leader publishes for clients to dial. Empty: address().
+  std::string advertise_address;
+  // With etcd: called once (from the election's thread) when this master led and lost the
+  // leadership; it never serves again, so the process should exit. Empty: none.
+  std::function<void(const Status& why)> on_leadership_lost;
+  // With etcd: called on every role change with the new role() (and when the leader a standby
+  // follows changes). Empty: none.
+  std::function<void(std::string_view role)> on_role_change;
 };
 
 // larder-master: the gRPC service and the HTTP endpoint over one MasterState.
 // Thread-safe; Shutdown (or destruction) stops both servers and the sweeper.
 class MasterServer {
  public:
-  // Binds both ports and starts serving. Errors: Unavailable (a port is taken).
+  // Binds both ports and starts serving (with etcd: starts campaigning; calls are served once it
+  // leads). Errors: Unavailable (a port is taken); InvalidArgument (bad options);
+  // FailedPrecondition (another master of `cluster_id` runs on this host, without etcd).
   static Result<std::unique_ptr<MasterServer>> Start(MasterServerOptions options);
   ~MasterServer();
 
@@ -46,8 +70,12 @@ class MasterServer {
   // "host:port" clients can dial on this machine.
   std::string address() const;
   MasterState& state();
+  // "leader", "standby" or "fenced" (lost the leadership; serves nothing) with etcd, "single"
+  // without; "stopped" after Shutdown with etcd.
+  std::string role() const;
 
-  // Stops accepting calls, finishes in-flight ones, stops the sweeper. Idempotent.
+  // Stops accepting calls, finishes in-flight ones, stops the sweeper; a leader then steps down
+  // (deletes its key and revokes its lease) so that a standby takes over at once. Idempotent.
   void Shutdown();
 
  private:

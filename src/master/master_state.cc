@@ -5,6 +5,7 @@
 #include <re2/re2.h>
 
 #include <algorithm>
+#include <bit>
 #include <unordered_set>
 
 #include "common/env.h"
@@ -38,7 +39,10 @@ MasterState::MasterState(MasterOptions options)
       shard_count_(std::max<size_t>(options_.shards, 1)),
       shards_(new Shard[shard_count_]),
       segments_(SegmentIdBase(incarnation_), options_.allocation_alignment, options_.placement),
-      leases_(RandomU64()) {}
+      feed_(shard_count_),
+      started_(Now()),
+      leases_(RandomU64()),
+      last_sweep_(started_) {}
 
 MasterState::~MasterState() {
   {
@@ -165,11 +169,24 @@ std::string QuoteKey(std::string_view key) {
 std::vector<Result<SegmentId>> MasterState::MountSegments(const std::string& client_id,
                                                           const std::string& host_id,
                                                           std::span<const SegmentMount> segments) {
+  std::vector<Result<SegmentId>> results;
+  for (MountOutcome& outcome : MountSegments(MountCaller{client_id, host_id}, segments)) {
+    if (outcome.status.ok()) {
+      results.emplace_back(outcome.segment_id);
+    } else {
+      results.emplace_back(std::move(outcome.status));
+    }
+  }
+  return results;
+}
+
+std::vector<MountOutcome> MasterState::MountSegments(const MountCaller& caller,
+                                                     std::span<const SegmentMount> segments) {
   Status invalid;
-  if (client_id.empty() || client_id.size() > kMaxNameBytes) {
+  if (caller.client_id.empty() || caller.client_id.size() > kMaxNameBytes) {
     invalid =
         InvalidArgumentError("client id must have 1.." + std::to_string(kMaxNameBytes) + " bytes");
-  } else if (host_id.size() > kMaxNameBytes) {
+  } else if (caller.host_id.size() > kMaxNameBytes) {
     invalid =
         InvalidArgumentError("host id is longer than " + std::to_string(kMaxNameBytes) + " bytes");
   } else if (segments.size() > kMaxSegmentsPerMount) {
@@ -177,34 +194,29 @@ std::vector<Result<SegmentId>> MasterState::MountSegments(const std::string& cli
         InvalidArgumentError(std::to_string(segments.size()) + " segments in one mount; at most " +
                              std::to_string(kMaxSegmentsPerMount));
   }
-  if (!invalid.ok())
-    return std::vector<Result<SegmentId>>(std::max<size_t>(segments.size(), 1), invalid);
+  if (!invalid.ok()) {
+    std::vector<MountOutcome> refused(std::max<size_t>(segments.size(), 1));
+    for (MountOutcome& outcome : refused) outcome.status = invalid;
+    return refused;
+  }
   uint32_t slot;
   {
     std::lock_guard lock(clients_mu_);
-    auto [it, inserted] = clients_.try_emplace(client_id);
+    auto [it, inserted] = clients_.try_emplace(caller.client_id);
     if (inserted) {
       it->second.slot = next_client_slot_++;
-      it->second.host_id = host_id;
-      Log().info("client {} (host {}) registered", client_id, host_id);
+      it->second.host_id = caller.host_id;
+      Log().info("client {} (host {}, pid {}) registered", caller.client_id, caller.host_id,
+                 caller.pid);
     }
     it->second.last_seen = Now();
+    if (caller.pid != 0) it->second.pid = caller.pid;
     slot = it->second.slot;
   }
-  std::vector<Result<SegmentId>> results;
-  results.reserve(segments.size());
-  for (const SegmentMount& mount : segments) {
-    if (client_id.empty()) {
-      results.emplace_back(InvalidArgumentError("empty client id"));
-      continue;
-    }
-    results.push_back(segments_.Mount(slot, client_id, host_id, mount));
-    if (results.back().ok()) {
-      Log().info("segment '{}' ({}) mounted by {}", mount.name, FormatByteSize(mount.size),
-                 client_id);
-    }
-  }
-  return results;
+  std::vector<MountOutcome> outcomes;
+  outcomes.reserve(segments.size());
+  for (const SegmentMount& mount : segments) outcomes.push_back(MountOne(caller, slot, mount));
+  return outcomes;
 }
 
 Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& client_id,
@@ -508,6 +520,8 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
     } else {
       shard.Link(object, ObjectList::kLru);
     }
+    // Under the shard lock, so that a REMOVE of the object can only be logged after its ADD.
+    LogAddedLocked(object, !object->pinned && soft_pin_until > now ? soft_pin_until : 0);
     ++ended;
   }
   counters_.puts.fetch_add(ended, std::memory_order_relaxed);
@@ -565,6 +579,14 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
   // One tick range and one update of each shared counter per batch, not per key: these atomics
   // are shared by every RPC thread.
   uint64_t tick = lease ? tick_.fetch_add(keys.size()) : 0;
+  // A get logs a TOUCH in its object's catalogs (see SyncCatalog) when it is the object's first
+  // use in an epoch of 2^epoch_bits ticks: a catalog's tick is then at most one epoch behind the
+  // object's last use, and an object costs one TOUCH per epoch at most, however hot.
+  const int epoch_bits =
+      std::max(12, static_cast<int>(std::bit_width(objects_.load(std::memory_order_relaxed) / 8)));
+  TouchBatch touches;
+  const int64_t rebuilding_until = rebuilding_until_.load(std::memory_order_relaxed);
+  const bool rebuilding = lease && now < rebuilding_until;
   uint64_t hits = 0, misses = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
@@ -578,7 +600,8 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
     std::lock_guard lock(shard.mu);
     Object* object = shard.Find(ref);
     if (object == nullptr) {
-      outcome.status = NotFoundError("key " + QuoteKey(ref.key) + " not found");
+      outcome.status = rebuilding ? RebuildingError(ref.key, rebuilding_until - now)
+                                  : NotFoundError("key " + QuoteKey(ref.key) + " not found");
       ++misses;
       continue;
     }
@@ -591,6 +614,16 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
       object->lease_until = lease_until;
       object->AddReader();
       leased.push_back(object);
+      if (object->last_access >> epoch_bits < (tick + i + 1) >> epoch_bits) {
+        if (touches.empty()) {
+          // Usually most of a batch's keys are touched once one is: room for all at once.
+          touches.Reserve(keys.size() - i, (keys.size() - i) * ref.key.size());
+        }
+        for (const StoredReplica& replica : object->replicas()) {
+          touches.Add(replica.segment_id, object->key(), replica.offset, object->size,
+                      tick + i + 1);
+        }
+      }
       shard.LruTouch(object, tick + i + 1);
     }
     outcome.size = object->size;
@@ -599,6 +632,9 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
     }
     ++hits;
   }
+  // TOUCHes are logged after the shard locks: a late one is harmless (a client applies a TOUCH
+  // only to the entry it names, and keeps the latest tick).
+  if (!touches.empty()) feed_.Append(touches);
   if (!leased.empty()) {
     batch.lease_id = leases_.Grant(slot, now, lease_until, std::move(leased));
     batch.lease_ttl = options_.lease_ttl;
@@ -760,6 +796,7 @@ RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
           leased_until = std::max(leased_until, object->lease_until);
         }
         into->insert(into->end(), object->replicas().begin(), object->replicas().end());
+        LogRemovedLocked(object);
         return true;
       });
       objects_.fetch_sub(removed, std::memory_order_relaxed);
@@ -776,6 +813,7 @@ RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
 std::vector<StoredReplica> MasterState::EraseLocked(Shard& shard, Object* object) {
   std::span<const StoredReplica> replicas = object->replicas();
   std::vector<StoredReplica> freed(replicas.begin(), replicas.end());
+  LogRemovedLocked(object);
   shard.Erase(object);
   objects_.fetch_sub(1, std::memory_order_relaxed);
   return freed;
@@ -872,6 +910,9 @@ MasterStats MasterState::Stats() const {
   stats.put_revokes = counters_.put_revokes.load();
   stats.client_expiries = counters_.client_expiries.load();
   stats.incarnation = incarnation_;
+  stats.recovered_objects = counters_.recovered_objects.load();
+  stats.catalog_entries_dropped = counters_.catalog_entries_dropped.load();
+  stats.catalog_resets = feed_.resets();
   return stats;
 }
 

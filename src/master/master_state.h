@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "larder/status.h"
+#include "master/catalog_feed.h"
 #include "master/leases.h"
 #include "master/object_shards.h"
 #include "master/segment_table.h"
@@ -25,13 +26,25 @@
 
 namespace larder::master {
 
+// While the master rebuilds its objects from the catalogs that clients bring when they mount
+// (see MasterState::MountSegments, "recovery window"), a get of a key it does not hold (yet) is
+// answered Unavailable with a message that starts with this, followed by
+// " (until N ms from now); retry". A client retries such a get shortly instead of taking the key
+// as absent: another client's catalog may still bring it.
+inline constexpr std::string_view kRebuildingMessage =
+    "larder-master is rebuilding its catalog from the clients";
+
 // All of the master's metadata and the operations on it, with no networking: the gRPC service
 // and the HTTP endpoint are thin layers over this class, and unit tests drive it directly.
 //
 // Objects live in `options.shards` shards, one mutex each; segments and their allocators live in
 // the SegmentTable (its own mutex); clients in a table with its own mutex. Lock order, where two
-// are held: shard, then segment table; the quarantine's mutex is taken last, under either, and
-// nothing is locked under it. Eviction never holds two shard locks.
+// are held: shard, then segment table; the quarantine's mutex and the catalog feed's locks are
+// taken last, under either, and nothing is locked under them. Eviction never holds two shard
+// locks.
+//
+// Every mounted segment has a catalog log (CatalogFeed) that its owner reads with SyncCatalog,
+// so that it can bring its objects to the next master incarnation when it mounts again.
 //
 // Every data call names the calling client; a client the master does not know (never mounted,
 // expired, or known only to a previous master incarnation) gets FailedPrecondition for the whole
@@ -54,11 +67,84 @@ class MasterState {
 
   // ---- clients and segments ----
 
-  // Registers the client (if new) and mounts each segment; an empty list only registers.
-  // Per-item errors: see SegmentTable::Mount.
+  // Registers the client (if new; its pid, when given, is kept) and mounts each segment; an
+  // empty list only registers. Per segment, SegmentTable::Mount's errors, and:
+  //
+  // Takeover. A name that another client holds is refused (AlreadyExists, with the holder's host
+  // and pid in the outcome) unless that holder is provably gone; its segment is then unmounted
+  // (its replicas dropped: their bytes went with its process) and the name mounted afresh for the
+  // caller. Gone means: (a) caller.take_over_pid is the holder's pid and the caller is on the
+  // holder's host (the holder's process no longer exists there); or (b) the caller was refused
+  // the name before and the holder has not been heard from (no heartbeat, no call) since that
+  // first refusal, for at least client_ttl / 3. A holder that keeps heartbeating is never taken
+  // over by (b). A name the caller itself holds: AlreadyExists, as before.
+  //
+  // Rebuild. A catalog (SegmentMount::catalog) from another master incarnation is rebuilt into
+  // objects. Refused (counted in recovery.dropped and Stats().catalog_entries_dropped) are the
+  // entries with an empty or oversize key, size 0, an offset that is not a multiple of
+  // options().allocation_alignment, or a range past the segment's end; every entry of a group of
+  // overlapping ranges; and every entry of a key that appears twice in the catalog. Each other
+  // entry's range is taken in the new segment's allocator, and its key:
+  //   - unknown: becomes a complete object with that one replica;
+  //   - complete with the same size, no unexpired lease on it and fewer than kMaxReplicas
+  //     replicas: gets the replica added (its pins and LRU position stay);
+  //   - complete with another size: the object is dropped too (its ranges freed, or held until
+  //     its leases end), and the key is refused in every catalog until the recovery window ends;
+  //   - being written, leased or at kMaxReplicas, or refused before in this window: refused.
+  // The ranges of refused entries stay free, and the segment's catalog log starts with a REMOVE
+  // for each of them, so that the owner forgets them. A restored object keeps its hard pin; its
+  // soft pin lasts soft_pin_remaining_ms from now (at most options().max_soft_pin_ttl). Restored
+  // objects go on the LRU lists in last_access order, and the master's access tick moves past
+  // the largest last_access, so eviction order survives approximately.
+  //
+  // A catalog of this incarnation is ignored, all its entries counted as dropped (this master
+  // dropped those objects itself, when it lost the segment); the segment's first SyncCatalog
+  // answers reset, so that its owner drops them too.
+  //
+  // Recovery window. A mount that brings a catalog of another incarnation opens it, until
+  // client_ttl after this master was constructed, or client_ttl after that mount when that is
+  // past (by then every live client has noticed the new master and mounted again); an open
+  // window is not extended. While it is open, a get (GetMode::kLease) of a key that is not
+  // stored answers Unavailable (see kRebuildingMessage) instead of NotFound.
+  std::vector<MountOutcome> MountSegments(const MountCaller& caller,
+                                          std::span<const SegmentMount> segments);
+  // As above, for a caller that gives no pid: each segment's id, or its error.
   std::vector<Result<SegmentId>> MountSegments(const std::string& client_id,
                                                const std::string& host_id,
                                                std::span<const SegmentMount> segments);
+  // The changes of the caller's catalogs that it has not applied: for each segment it has
+  // mounted (in id order), the changes after the seq it acknowledges in `acks` (0 or absent:
+  // from the log's start), at most kMaxCatalogChangesPerSegment per segment and
+  // kMaxCatalogChangesPerReply in all; `more` where more wait (call again at once); last_seq,
+  // the seq to acknowledge next. The changes up to an acknowledged seq are forgotten. `reset`:
+  // drop the catalog held first; the changes (over one call or several) rebuild it: a snapshot
+  // of the segment's objects, then what happened since. A reset is answered when the owner asks
+  // (CatalogAck::full: after a mount that rebuilt objects, to learn which were kept), when the
+  // log was cut short (kMaxPendingCatalogChanges, or kMaxPendingCatalogChangesUnread before its
+  // first read), when the ack is not one the log can continue from, and after a mount that
+  // brought a catalog of this incarnation. Acks of other segments are ignored. An owner should
+  // read its log soon after it mounts: until then the smaller bound applies.
+  //
+  // Logged for a segment: ADD when an object with a replica there is committed (BatchPutEnd);
+  // REMOVE when such a complete object leaves the index (removed, evicted, replaced by an
+  // upsert, dropped by a rebuild), and for each entry a rebuild refused; TOUCH (a hint, dropped
+  // when the log is long) when a get is its object's first use in an epoch of ticks (a tick per
+  // key got or put): 4096 ticks, or objects / 8 rounded up to a power of two when larger. So a
+  // catalog's last_access is at most one epoch (about an eighth to a quarter of the pool's
+  // objects) behind the object's last use: the LRU order survives a rebuild to within that. And
+  // the cost is bounded: one TOUCH per object per epoch at most, however hot; a get that logs
+  // none pays two shifts and a comparison; those that do are logged after the shard locks, with
+  // one feed lock per call.
+  //
+  // Applying them (the owner's side): ADD puts the entry at its offset, replacing any there;
+  // REMOVE and TOUCH act only on the entry at their offset with their key (a TOUCH may come
+  // after its object's REMOVE); TOUCH keeps the larger last_access. ADD and REMOVE of one object
+  // always come in the order they happened, and a range's REMOVE before the ADD that reuses it.
+  //
+  // Errors: FailedPrecondition (unknown client, as for every data call), InvalidArgument (more
+  // than kMaxSegmentsPerMount acks).
+  Result<std::vector<SegmentCatalogChanges>> SyncCatalog(const std::string& client_id,
+                                                         std::span<const CatalogAck> acks);
   // Unmounts and drops every replica placed on the segments. With `unregister`, the client is
   // leaving: it is forgotten and its unfinished puts are revoked.
   Result<std::vector<Status>> UnmountSegments(const std::string& client_id,
@@ -156,6 +242,10 @@ class MasterState {
   // One sweep: expire silent clients, unreleased leases past their TTL and soft pins past their
   // deadline, revoke timed-out puts, release quarantined ranges, and evict down from the high
   // watermark (when one is set). The sweeper calls it; tests call it with a fake clock.
+  //
+  // A master never blames its clients for its own stall: when more than client_ttl / 3 (the
+  // clients' heartbeat interval) plus sweep_interval passed since the previous sweep (the master
+  // was paused, swapped out or starved), every client is marked seen now before any is expired.
   void RunMaintenance();
 
   // Evicts least-recently-used objects (never leased, hard-pinned or incomplete ones) until
@@ -171,7 +261,15 @@ class MasterState {
     uint32_t slot = 0;
     std::string host_id;
     int64_t last_seen = 0;
+    uint32_t pid = 0;  // of the process that mounted last; 0: not said
   };
+  // A client refused a segment name that another client holds (see MountSegments, takeover).
+  struct NameClaim {
+    std::string client_id;
+    int64_t since = 0;  // master clock (ns) of its first refusal, or of the holder's last sign
+  };
+  // A catalog checked for a rebuild (recovery.cc).
+  struct PreparedCatalog;
   struct QuarantinedRanges {
     int64_t release_at = 0;
     std::vector<StoredReplica> replicas;
@@ -218,6 +316,37 @@ class MasterState {
   size_t ExpireSoftPins(int64_t now);
   // Drops replicas on `segments` everywhere; revokes the puts of `writer_slot` (if non-zero).
   void DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot);
+  // ---- catalogs, rebuilds and takeovers (recovery.cc) ----
+
+  // Mounts one segment for the caller (registered as `slot`), with its rebuild and takeover.
+  MountOutcome MountOne(const MountCaller& caller, uint32_t slot, const SegmentMount& mount);
+  // Whether the caller may take over the name `holder` holds now (see MountSegments); fills the
+  // refusal's holder fields otherwise.
+  bool MayTakeOver(const MountCaller& caller, const SegmentTable::NameHolder& holder,
+                   const std::string& name, MountOutcome* refusal);
+  // Checks a foreign catalog against the segment: what to reserve, what is refused.
+  PreparedCatalog PrepareCatalog(const SegmentMount& mount) const;
+  // Makes the prepared entries objects of the new segment `segment`; returns how many were
+  // restored and refused.
+  CatalogRecovery RebuildObjects(SegmentId segment, uint32_t slot, PreparedCatalog& prepared);
+  // Opens the recovery window (see MountSegments) unless it is open.
+  void OpenRecoveryWindow(int64_t now);
+  // The error of a get that found no object while the recovery window is open.
+  static Status RebuildingError(std::string_view key, int64_t left_ns);
+  // Logs REMOVE of a complete object leaving the index into each of its replicas' segments.
+  // REQUIRES: its shard's mu held.
+  void LogRemovedLocked(const Object* object);
+  // Logs ADD of an object just committed into each of its replicas' segments.
+  // REQUIRES: its shard's mu held.
+  void LogAddedLocked(const Object* object, int64_t soft_pin_until);
+  // The snapshot of a reset: appends ADD for each complete object of shard `shard` with a
+  // replica in the segment.
+  void SnapshotShard(SegmentId segment, size_t shard);
+  // Forgets the refused keys of the recovery window once it has ended.
+  void EndRecoveryWindow(int64_t now);
+
+  // Marks every client seen now when the sweeps were stalled (see RunMaintenance).
+  void ForgiveStall(int64_t now);
   void ExpireClients(int64_t now);
   void ExpireLeases(int64_t now);
   void RevokeTimedOutPuts(int64_t now);
@@ -230,9 +359,13 @@ class MasterState {
   const size_t shard_count_;
   std::unique_ptr<Shard[]> shards_;
   SegmentTable segments_;
+  CatalogFeed feed_;
+  const int64_t started_;  // master clock (ns) at construction
 
   mutable std::mutex clients_mu_;
   std::unordered_map<std::string, ClientRecord> clients_;  // guarded by clients_mu_
+  // By segment name; pruned by the sweeper once old. Guarded by clients_mu_.
+  std::unordered_map<std::string, NameClaim> claims_;
   std::atomic<uint64_t> segments_version_{1};
 
   mutable std::mutex traffic_mu_;
@@ -250,13 +383,23 @@ class MasterState {
   LatencyHistogram lease_hold_;
   LatencyHistogram eviction_time_;
 
+  // The recovery window's end (master clock, ns); 0: never opened. Opened under recovery_mu_,
+  // read without it.
+  std::mutex recovery_mu_;
+  std::atomic<int64_t> rebuilding_until_{0};
+  std::atomic<bool> conflicted_keys_{false};  // some shard has conflicted_keys to forget
+
+  std::mutex sweep_mu_;
+  int64_t last_sweep_;  // master clock (ns) of the previous sweep; guarded by sweep_mu_
+
   std::atomic<uint64_t> tick_{0};
   std::atomic<uint64_t> objects_{0};
   struct Counters {
     std::atomic<uint64_t> puts{0}, gets{0}, get_misses{0}, removes{0}, evictions{0},
         evicted_bytes{0}, lease_expiries{0}, lease_releases{0}, lease_releases_unknown{0},
         lease_releases_refused{0}, put_refusals_no_space{0}, put_refusals_invalid{0},
-        eviction_runs{0}, eviction_scanned{0}, put_revokes{0}, client_expiries{0};
+        eviction_runs{0}, eviction_scanned{0}, put_revokes{0}, client_expiries{0},
+        recovered_objects{0}, catalog_entries_dropped{0};
   };
   mutable Counters counters_;
 

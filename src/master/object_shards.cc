@@ -2,6 +2,8 @@
 //
 #include "master/object_shards.h"
 
+#include <absl/container/inlined_vector.h>
+
 #include <new>
 
 namespace larder::master {
@@ -98,6 +100,67 @@ void Shard::LinkInOrder(Object* object, ObjectList list) {
   } else {
     ends.newest = object;
   }
+}
+
+void Shard::MergeInOrder(std::span<Object* const> sorted, ObjectList list) {
+  if (list == ObjectList::kNone) return;
+  ObjectListEnds& ends = Ends(list);
+  Object* next = ends.oldest;  // the oldest object on the list newer than the one to place
+  for (Object* object : sorted) {
+    while (next != nullptr && next->last_access <= object->last_access) next = next->newer;
+    object->list = list;
+    object->newer = next;
+    object->older = next == nullptr ? ends.newest : next->older;
+    if (object->older != nullptr) {
+      object->older->newer = object;
+    } else {
+      ends.oldest = object;
+    }
+    if (next != nullptr) {
+      next->older = object;
+    } else {
+      ends.newest = object;
+    }
+  }
+}
+
+Object* Shard::AddReplica(Object* object, const StoredReplica& replica) {
+  absl::InlinedVector<StoredReplica, 4> replicas(object->replicas().begin(),
+                                                 object->replicas().end());
+  replicas.push_back(replica);
+  Object* copy = Object::Create(object->key(), replicas);
+  copy->size = object->size;
+  copy->lease_until = object->lease_until;
+  copy->last_access = object->last_access;
+  copy->writer = object->writer;
+  copy->state = object->state;
+  copy->pinned = object->pinned;
+  if (object->list != ObjectList::kNone) {
+    // The copy takes the object's place on its list.
+    ObjectListEnds& ends = Ends(object->list);
+    copy->list = object->list;
+    copy->newer = object->newer;
+    copy->older = object->older;
+    if (copy->newer != nullptr) {
+      copy->newer->older = copy;
+    } else {
+      ends.newest = copy;
+    }
+    if (copy->older != nullptr) {
+      copy->older->newer = copy;
+    } else {
+      ends.oldest = copy;
+    }
+    object->newer = object->older = nullptr;
+    object->list = ObjectList::kNone;
+  }
+  const int64_t soft_pin_until = SoftPinUntil(object);
+  ForgetSoftPin(object);
+  objects.erase(object);
+  objects.insert(copy);
+  if (soft_pin_until != 0) SetSoftPin(copy, soft_pin_until);
+  Object::Retire(object);
+  return copy;
 }
 
 void Shard::SetSoftPin(Object* object, int64_t until) {

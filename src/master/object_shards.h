@@ -51,6 +51,8 @@ struct StagedSoftPin {
 // A key and its hash, computed once and used for both the shard and the lookup in it.
 struct KeyRef {
   explicit KeyRef(std::string_view k) : key(k), hash(std::hash<std::string_view>{}(k)) {}
+  // REQUIRES: h == std::hash<std::string_view>{}(k) (computed before, e.g. to sort keys by it).
+  KeyRef(std::string_view k, size_t h) : key(k), hash(h) {}
   std::string_view key;
   size_t hash;
 };
@@ -193,6 +195,9 @@ struct Shard {
   absl::flat_hash_map<Object*, int64_t> soft_pin_until;
   // Of the puts in progress that will soft-pin their object when they end.
   absl::flat_hash_map<Object*, StagedSoftPin> staged_soft_pins;
+  // Keys whose objects two catalogs reported with different sizes during the master's recovery
+  // window: entries for them are refused until it ends (MasterState::MountSegments).
+  absl::flat_hash_set<std::string> conflicted_keys;
 
   // The object stored under `ref`, or nullptr.
   Object* Find(const KeyRef& ref) const {
@@ -213,8 +218,17 @@ struct Shard {
   // Puts `object` on `list` where its last_access keeps the list ordered by last_access, taking
   // it off the list it was on. Costs the distance to the nearer end of the list.
   void LinkInOrder(Object* object, ObjectList list);
+  // Puts each of `sorted` (on no list, in ascending last_access order) on `list` where its
+  // last_access keeps the list ordered, in one walk of the list from its old end. Ties go after
+  // the objects already there.
+  void MergeInOrder(std::span<Object* const> sorted, ObjectList list);
   // Takes `object` off its list, if any.
   void Unlink(Object* object);
+  // Replaces a complete object by a copy with `replica` added: same key, size, pins, list
+  // position and soft-pin deadline. The old object is retired (as by Erase). Returns the copy.
+  // REQUIRES: the object is indexed, complete, has fewer than kMaxReplicas replicas, and no
+  // reader holds an unexpired lease on it (a lease holds the old object, not the copy).
+  Object* AddReplica(Object* object, const StoredReplica& replica);
   // Marks a use: newest on its LRU list (kLru or kSoftPinned), if it is on one.
   void LruTouch(Object* object, uint64_t tick) {
     object->last_access = tick;

@@ -124,23 +124,68 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t si
     if (index == kNone) return std::nullopt;
   }
   RemoveFree(index);
-  if (nodes_[index].size > units) {
-    // Split: the tail stays free.
-    uint32_t rest = NewNode();  // may reallocate nodes_: index, not references, from here on
-    nodes_[rest].offset = nodes_[index].offset + units;
-    nodes_[rest].size = nodes_[index].size - units;
-    nodes_[rest].free = true;
-    nodes_[rest].prev_phys = index;
-    nodes_[rest].next_phys = nodes_[index].next_phys;
-    if (nodes_[index].next_phys != kNone) nodes_[nodes_[index].next_phys].prev_phys = rest;
-    nodes_[index].next_phys = rest;
-    nodes_[index].size = units;
-    InsertFree(rest);
-  }
+  if (nodes_[index].size > units) SplitOff(index, units);  // the tail stays free
   nodes_[index].free = false;
   units_free_ -= units;
   ++live_;
   return Allocation{nodes_[index].offset << alignment_shift_, index};
+}
+
+uint32_t OffsetAllocator::SplitOff(uint32_t index, uint64_t units) {
+  uint32_t rest = NewNode();  // may reallocate nodes_: index, not references, from here on
+  nodes_[rest].offset = nodes_[index].offset + units;
+  nodes_[rest].size = nodes_[index].size - units;
+  nodes_[rest].free = true;
+  nodes_[rest].prev_phys = index;
+  nodes_[rest].next_phys = nodes_[index].next_phys;
+  if (nodes_[index].next_phys != kNone) nodes_[nodes_[index].next_phys].prev_phys = rest;
+  nodes_[index].next_phys = rest;
+  nodes_[index].size = units;
+  InsertFree(rest);
+  return rest;
+}
+
+// Node 0 always holds offset 0: the constructor creates it, a split keeps the front part in the
+// node split, and a free that coalesces keeps the lower node. So a walk can start there.
+uint32_t OffsetAllocator::NodeHolding(uint64_t unit) const {
+  uint32_t index = 0;
+  if (reserve_hint_ < nodes_.size() && nodes_[reserve_hint_].in_use &&
+      nodes_[reserve_hint_].offset <= unit) {
+    index = reserve_hint_;
+  }
+  while (nodes_[index].offset + nodes_[index].size <= unit) index = nodes_[index].next_phys;
+  return index;
+}
+
+std::optional<OffsetAllocator::Allocation> OffsetAllocator::Reserve(uint64_t offset,
+                                                                    uint64_t size) {
+  if (size == 0 || (offset & (alignment_ - 1)) != 0) return std::nullopt;
+  const uint64_t start = offset >> alignment_shift_;
+  if (start >= units_total_ || size > (units_total_ - start) << alignment_shift_) {
+    return std::nullopt;
+  }
+  const uint64_t units = (size + alignment_ - 1) >> alignment_shift_;
+  uint32_t index = NodeHolding(start);
+  if (!nodes_[index].free || nodes_[index].offset + nodes_[index].size < start + units) {
+    return std::nullopt;
+  }
+  RemoveFree(index);
+  if (nodes_[index].offset < start) {
+    // The part below the range stays free, in this node; the range moves to the node split off.
+    uint32_t front = index;
+    index = SplitOff(front, start - nodes_[front].offset);
+    RemoveFree(index);
+    InsertFree(front);  // filed again under the class of its new size
+  }
+  if (nodes_[index].size > units) {
+    reserve_hint_ = SplitOff(index, units);
+  } else {
+    reserve_hint_ = nodes_[index].next_phys;
+  }
+  nodes_[index].free = false;
+  units_free_ -= units;
+  ++live_;
+  return Allocation{offset, index};
 }
 
 void OffsetAllocator::Free(Handle handle) {

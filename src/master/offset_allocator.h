@@ -33,8 +33,22 @@ class OffsetAllocator {
   // REQUIRES: size > 0.
   std::optional<Allocation> Allocate(uint64_t size);
 
-  // Returns the range of `handle` to the free pool. REQUIRES: handle came from Allocate and was not
-  // freed since.
+  // Takes exactly the range [offset, offset + size rounded up to the alignment), as Allocate would
+  // have handed it out, when that range lies inside one free range; nullopt otherwise (size 0,
+  // an offset that is not a multiple of the alignment, a range past the capacity, or one that
+  // overlaps a live range). What is left of the free range on either side stays free.
+  //
+  // Cost: O(1) for each of a run of reserves in ascending offset order with nothing else in
+  // between (the allocator remembers where the last reserve ended); otherwise a walk of the
+  // ranges, free and live, that lie below `offset`.
+  std::optional<Allocation> Reserve(uint64_t offset, uint64_t size);
+
+  // Makes room in the bookkeeping for `ranges` more Reserve calls, so that a run of them (a
+  // rebuild) does not grow it step by step. Costs nothing else.
+  void ReserveBookkeeping(size_t ranges) { nodes_.reserve(nodes_.size() + 2 * ranges + 1); }
+
+  // Returns the range of `handle` to the free pool. REQUIRES: handle came from Allocate or
+  // Reserve and was not freed since.
   void Free(Handle handle);
 
   uint64_t capacity() const { return units_total_ * alignment_; }
@@ -68,6 +82,11 @@ class OffsetAllocator {
   void InsertFree(uint32_t index);
   void RemoveFree(uint32_t index);
   uint32_t FindFree(uint32_t min_class) const;
+  // The node whose range holds unit `unit`. REQUIRES: unit < units_total_.
+  uint32_t NodeHolding(uint64_t unit) const;
+  // Splits the node: the first `units` stay with it, the rest becomes a new node (returned),
+  // right after it in the physical chain, free and on its free list.
+  uint32_t SplitOff(uint32_t index, uint64_t units);
 
   uint64_t alignment_;
   uint32_t alignment_shift_;
@@ -79,6 +98,9 @@ class OffsetAllocator {
   uint64_t top_bitmap_ = 0;      // bit f: some list in first-level class f is non-empty
   uint8_t sub_bitmap_[64] = {};  // bit s of [f]: list f*8+s is non-empty
   uint32_t heads_[kClasses];
+  // Where Reserve looks first: the node right after the range the last Reserve took (kNone: none
+  // yet). Only a hint: checked before use, since frees and allocations change the nodes.
+  uint32_t reserve_hint_ = kNone;
 };
 
 }  // namespace larder::master

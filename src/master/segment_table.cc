@@ -13,7 +13,8 @@ SegmentTable::SegmentTable(uint64_t id_base, uint64_t alignment, PlacementStrate
     : alignment_(alignment), strategy_(strategy), next_id_(id_base + 1) {}
 
 Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& client_id,
-                                      const std::string& host_id, const SegmentMount& mount) {
+                                      const std::string& host_id, const SegmentMount& mount,
+                                      const MountPreparation& prepare) {
   if (mount.name.empty()) return InvalidArgumentError("segment name is empty");
   if (mount.name.size() > kMaxNameBytes) {
     return InvalidArgumentError("segment name " + QuoteKey(mount.name) + " is longer than " +
@@ -37,6 +38,23 @@ Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& c
   if (mount.base + mount.size < mount.base) {
     return InvalidArgumentError("segment '" + mount.name + "' wraps the address space");
   }
+  // The allocator is built, and a catalog's ranges taken, before the lock: a rebuild of a
+  // million objects does not hold up every put meanwhile. Nobody sees the segment before it is
+  // in the table.
+  SegmentView view;
+  view.name = mount.name;
+  view.client_id = client_id;
+  view.host_id = host_id;
+  view.base = mount.base;
+  view.size = mount.size;
+  view.descriptor = mount.descriptor;
+  auto segment = std::make_unique<Segment>(std::move(view), client_slot, alignment_);
+  std::vector<std::optional<OffsetAllocator::Allocation>> reserved;
+  reserved.reserve(prepare.reserve.size());
+  if (!prepare.reserve.empty()) segment->allocator.ReserveBookkeeping(prepare.reserve.size());
+  for (const ByteRange& range : prepare.reserve) {
+    reserved.push_back(segment->allocator.Reserve(range.offset, range.size));
+  }
   std::lock_guard lock(mu_);
   if (capacity_ + mount.size > kMaxPoolBytes) {
     return ResourceExhaustedError("mounting segment " + QuoteKey(mount.name) +
@@ -45,25 +63,20 @@ Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& c
   if (by_name_.contains(mount.name)) {
     return AlreadyExistsError("segment '" + mount.name + "' is already mounted");
   }
-  for (const auto& [id, segment] : segments_) {
-    if (segment->client_slot != client_slot) continue;
-    const SegmentView& other = segment->view;
+  for (const auto& [id, other_segment] : segments_) {
+    if (other_segment->client_slot != client_slot) continue;
+    const SegmentView& other = other_segment->view;
     if (mount.base < other.base + other.size && other.base < mount.base + mount.size) {
       return AlreadyExistsError("segment '" + mount.name + "' [" + FormatHex(mount.base) + ", +" +
                                 std::to_string(mount.size) + ") overlaps mounted segment '" +
                                 other.name + "'");
     }
   }
-  SegmentView view;
-  view.segment_id = next_id_++;
-  view.name = mount.name;
-  view.client_id = client_id;
-  view.host_id = host_id;
-  view.base = mount.base;
-  view.size = mount.size;
-  view.descriptor = mount.descriptor;
-  SegmentId id = view.segment_id;
-  segments_.emplace(id, std::make_unique<Segment>(std::move(view), client_slot, alignment_));
+  const SegmentId id = next_id_++;
+  segment->view.segment_id = id;
+  if (prepare.reserved != nullptr) *prepare.reserved = std::move(reserved);
+  if (prepare.on_mount) prepare.on_mount(id);
+  segments_.emplace(id, std::move(segment));
   by_name_.emplace(mount.name, id);
   capacity_ += mount.size;
   largest_ = std::max(largest_, mount.size);
@@ -85,6 +98,14 @@ Status SegmentTable::Unmount(SegmentId id, uint32_t client_slot) {
   for (const auto& [other_id, segment] : segments_)
     largest_ = std::max(largest_, segment->view.size);
   return Status::Ok();
+}
+
+std::optional<SegmentTable::NameHolder> SegmentTable::FindByName(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  const Segment& segment = *segments_.at(it->second);
+  return NameHolder{it->second, segment.client_slot, segment.view.client_id};
 }
 
 std::vector<SegmentId> SegmentTable::SegmentsOf(uint32_t client_slot) const {

@@ -2,8 +2,10 @@
 //
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -22,6 +24,25 @@ struct StoredReplica {
   OffsetAllocator::Handle handle = OffsetAllocator::kInvalidHandle;
 };
 
+// A range of bytes in a segment.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// What SegmentTable::Mount does to a new segment before any put can place a replica in it.
+struct MountPreparation {
+  // Ranges to take in its allocator (as OffsetAllocator::Reserve; fastest in ascending order).
+  std::span<const ByteRange> reserve;
+  // Receives one allocation per range of `reserve`, nullopt where it was refused (it overlaps
+  // another, or lies past the segment's end), when the mount succeeds. Should not be null when
+  // `reserve` is not empty: the ranges would stay taken for good.
+  std::vector<std::optional<OffsetAllocator::Allocation>>* reserved = nullptr;
+  // Called with the new segment's id under the table's lock, after the ranges were taken and
+  // before the segment is visible to anyone. It may take leaf locks only. May be empty.
+  std::function<void(SegmentId)> on_mount;
+};
+
 // The mounted segments, their offset allocators and placement.
 // Thread-safe: one mutex guards the table and every allocator (allocation is O(1), and a batch
 // takes it once per key).
@@ -30,10 +51,21 @@ class SegmentTable {
   // Segment ids start above `id_base`, so that ids of two master incarnations differ.
   SegmentTable(uint64_t id_base, uint64_t alignment, PlacementStrategy strategy);
 
-  // Mounts a segment owned by client `client_slot`. Errors: InvalidArgument (size 0, empty
-  // name), AlreadyExists (the name is mounted, or the range overlaps one of the client's segments).
+  // Mounts a segment owned by client `client_slot` (mount.catalog is not looked at; see
+  // `prepare`). Errors: InvalidArgument (size 0, empty name), AlreadyExists (the name is mounted,
+  // or the range overlaps one of the client's segments); `prepare` is then not acted on.
   Result<SegmentId> Mount(uint32_t client_slot, const std::string& client_id,
-                          const std::string& host_id, const SegmentMount& mount);
+                          const std::string& host_id, const SegmentMount& mount,
+                          const MountPreparation& prepare = {});
+
+  // Who holds a segment name.
+  struct NameHolder {
+    SegmentId segment_id = 0;
+    uint32_t client_slot = 0;
+    std::string client_id;
+  };
+  // The segment mounted under `name`, if any.
+  std::optional<NameHolder> FindByName(const std::string& name) const;
 
   // Forgets the segment; its allocations vanish with it. Errors: NotFound (unknown id),
   // PermissionDenied (another client's segment).

@@ -39,6 +39,38 @@ void FillSegment(const SegmentView& view, proto::SegmentInfo* out) {
   out->set_descriptor_json(view.descriptor);
 }
 
+// A mount as the state takes it; the catalog's keys are copied.
+SegmentMount ToMount(const proto::SegmentInfo& segment) {
+  SegmentMount mount{segment.name(), segment.base(), segment.size(), segment.descriptor_json()};
+  mount.catalog.reserve(static_cast<size_t>(segment.catalog_size()));
+  for (const proto::CatalogEntry& entry : segment.catalog()) {
+    mount.catalog.push_back(CatalogEntry{entry.key(), entry.offset(), entry.size(), entry.pinned(),
+                                         entry.soft_pin_remaining_ms(), entry.last_access()});
+  }
+  mount.catalog_incarnation = segment.catalog_incarnation();
+  return mount;
+}
+
+void FillCatalogChanges(const SegmentCatalogChanges& changes, proto::SegmentCatalogChanges* out) {
+  out->set_segment_id(changes.segment_id);
+  out->set_reset(changes.reset);
+  out->set_more(changes.more);
+  out->set_last_seq(changes.last_seq);
+  out->mutable_changes()->Reserve(static_cast<int>(changes.changes.size()));
+  for (const CatalogChange& change : changes.changes) {
+    proto::CatalogChange* c = out->add_changes();
+    c->set_seq(change.seq);
+    c->set_kind(static_cast<proto::CatalogChange::Kind>(change.kind));
+    proto::CatalogEntry* entry = c->mutable_entry();
+    entry->set_key(change.entry.key);
+    entry->set_offset(change.entry.offset);
+    entry->set_size(change.entry.size);
+    entry->set_pinned(change.entry.pinned);
+    entry->set_soft_pin_remaining_ms(change.entry.soft_pin_remaining_ms);
+    entry->set_last_access(change.entry.last_access);
+  }
+}
+
 // Bounds a keys request before any vector is built for it.
 grpc::Status CheckKeysRequest(const proto::BatchKeysRequest& request) {
   Status status = CheckBatchSize(static_cast<size_t>(request.keys_size()), "keys");
@@ -89,13 +121,23 @@ grpc::Status Unauthenticated(const Status& status) {
 
 class MasterService final : public proto::Master::Service {
  public:
-  MasterService(MasterState* state, SessionTable* sessions) : state_(state), sessions_(sessions) {}
+  MasterService(MasterState* state, SessionTable* sessions, const ServingGate* gate)
+      : state_(state), sessions_(sessions), gate_(gate) {}
+
+  // Unavailable (saying why) while this master may not serve: a standby, or a leader that lost
+  // its lease.
+  grpc::Status CheckServing() const {
+    if (gate_ == nullptr) return grpc::Status::OK;
+    Status serving = gate_->CheckServing();
+    return serving.ok() ? grpc::Status::OK : ToGrpc(serving);
+  }
 
   // Checks the call's proof (when the master has a token) and that its session may act as the
   // request says. Run first in every method: nothing is done for a call that fails it.
   template <typename Request>
   grpc::Status Authorize(grpc::ServerContext* context, const char* method, const Request& request,
                          Need need) {
+    if (grpc::Status serving = CheckServing(); !serving.ok()) return serving;
     if (!sessions_->enabled()) return grpc::Status::OK;
     std::string_view metadata;
     const auto& entries = context->client_metadata();
@@ -126,6 +168,7 @@ class MasterService final : public proto::Master::Service {
 
   grpc::Status Challenge(grpc::ServerContext*, const proto::ChallengeRequest*,
                          proto::ChallengeReply* reply) override {
+    if (grpc::Status serving = CheckServing(); !serving.ok()) return serving;
     reply->set_auth_required(sessions_->enabled());
     if (sessions_->enabled()) reply->set_server_nonce(sessions_->NewChallenge());
     reply->set_master_incarnation(state_->incarnation());
@@ -134,6 +177,7 @@ class MasterService final : public proto::Master::Service {
 
   grpc::Status OpenSession(grpc::ServerContext* context, const proto::OpenSessionRequest* request,
                            proto::OpenSessionReply* reply) override {
+    if (grpc::Status serving = CheckServing(); !serving.ok()) return serving;
     if (!sessions_->enabled()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "this master has no cluster token; calls need no session");
@@ -176,14 +220,44 @@ class MasterService final : public proto::Master::Service {
                                          std::to_string(kMaxSegmentsPerMount)));
     }
     std::vector<SegmentMount> mounts;
+    mounts.reserve(static_cast<size_t>(request->segments_size()));
     for (const proto::SegmentInfo& segment : request->segments()) {
-      mounts.push_back(
-          SegmentMount{segment.name(), segment.base(), segment.size(), segment.descriptor_json()});
+      mounts.push_back(ToMount(segment));
     }
-    auto results = state_->MountSegments(request->client_id(), request->host_id(), mounts);
-    for (const Result<SegmentId>& result : results) {
-      SetStatus(reply->add_status(), result.status());
-      reply->add_segment_id(result.ok() ? *result : 0);
+    MountCaller caller{request->client_id(), request->host_id(), request->pid(),
+                       request->take_over_pid()};
+    for (const MountOutcome& outcome : state_->MountSegments(caller, mounts)) {
+      SetStatus(reply->add_status(), outcome.status);
+      reply->add_segment_id(outcome.status.ok() ? outcome.segment_id : 0);
+      proto::CatalogRecovery* recovery = reply->add_recovery();
+      recovery->set_restored(outcome.recovery.restored);
+      recovery->set_dropped(outcome.recovery.dropped);
+      reply->add_holder_host_id(outcome.holder_host_id);
+      reply->add_holder_pid(outcome.holder_pid);
+    }
+    reply->set_master_incarnation(state_->incarnation());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status SyncCatalog(grpc::ServerContext* context, const proto::SyncCatalogRequest* request,
+                           proto::SyncCatalogReply* reply) override {
+    if (auto denied = Authorize(context, "SyncCatalog", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    if (request->acks_size() > static_cast<int>(kMaxSegmentsPerMount)) {
+      return ToGrpc(InvalidArgumentError(std::to_string(request->acks_size()) +
+                                         " catalog acks in one call; at most " +
+                                         std::to_string(kMaxSegmentsPerMount)));
+    }
+    std::vector<CatalogAck> acks;
+    acks.reserve(static_cast<size_t>(request->acks_size()));
+    for (const proto::CatalogAck& ack : request->acks()) {
+      acks.push_back(CatalogAck{ack.segment_id(), ack.seq(), ack.full()});
+    }
+    auto segments = state_->SyncCatalog(request->client_id(), acks);
+    if (!segments.ok()) return ToGrpc(segments.status());
+    for (const SegmentCatalogChanges& segment : *segments) {
+      FillCatalogChanges(segment, reply->add_segments());
     }
     reply->set_master_incarnation(state_->incarnation());
     return grpc::Status::OK;
@@ -425,19 +499,22 @@ class MasterService final : public proto::Master::Service {
     reply->set_master_incarnation(stats.incarnation);
     reply->set_lease_releases(stats.lease_releases);
     reply->set_leases_active(stats.leases_active);
+    reply->set_recovered_objects(stats.recovered_objects);
+    reply->set_catalog_entries_dropped(stats.catalog_entries_dropped);
     return grpc::Status::OK;
   }
 
  private:
   MasterState* state_;
   SessionTable* sessions_;
+  const ServingGate* gate_;
 };
 
 }  // namespace
 
-std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state,
-                                                         SessionTable* sessions) {
-  return std::make_unique<MasterService>(state, sessions);
+std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state, SessionTable* sessions,
+                                                         const ServingGate* gate) {
+  return std::make_unique<MasterService>(state, sessions, gate);
 }
 
 }  // namespace larder::master

@@ -64,12 +64,94 @@ struct MasterOptions {
   std::function<Clock::time_point()> clock = [] { return Clock::now(); };
 };
 
+// One committed object in a segment, as the segment's owner keeps it in its catalog (see
+// MasterState::SyncCatalog) and reports it when it mounts the segment again (SegmentMount).
+struct CatalogEntry {
+  std::string key;  // the master's key (tenant prefix included)
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  bool pinned = false;
+  uint64_t soft_pin_remaining_ms = 0;  // 0: not soft-pinned
+  // The master's access tick when the object was last reported used (ADD, TOUCH): orders
+  // eviction after a rebuild. Comparable only between entries of one master lineage.
+  uint64_t last_access = 0;
+};
+
 // A segment a client asks the master to place replicas in.
 struct SegmentMount {
   std::string name;        // unique in the cluster
   uint64_t base = 0;       // owner's address of byte 0; ranges of one client may not overlap
   uint64_t size = 0;       // > 0
   std::string descriptor;  // SegmentDescriptor JSON, handed to readers and writers as is
+  // The committed objects the owner holds in the segment, as it learnt them from the master
+  // incarnation `catalog_incarnation` (0: unknown). A master rebuilds them from a catalog of
+  // another incarnation; one of its own is ignored (see MasterState::MountSegments).
+  std::vector<CatalogEntry> catalog = {};
+  uint64_t catalog_incarnation = 0;
+};
+
+// Who mounts: the calling client and its process.
+struct MountCaller {
+  std::string client_id;
+  std::string host_id;
+  uint32_t pid = 0;  // the caller's process id on host_id; 0: not said
+  // The pid of the client that holds a segment name the caller asks for, as a refused mount
+  // reported it (MountOutcome::holder_pid): the caller says that process is gone. 0: none.
+  uint32_t take_over_pid = 0;
+};
+
+// What a mount rebuilt from one segment's catalog.
+struct CatalogRecovery {
+  uint64_t restored = 0;  // objects, or replicas of objects already known, rebuilt
+  uint64_t dropped = 0;   // entries refused (see MasterState::MountSegments)
+};
+
+// What MasterState::MountSegments did with one segment.
+struct MountOutcome {
+  Status status;  // OK: mounted as segment_id
+  SegmentId segment_id = 0;
+  CatalogRecovery recovery;
+  // With AlreadyExists because another client holds the name: that client's host and pid.
+  std::string holder_host_id;
+  uint32_t holder_pid = 0;
+};
+
+// What happened to one object of a segment's catalog. Values as proto::CatalogChange::Kind.
+enum class CatalogChangeKind : uint8_t {
+  kAdd = 0,     // committed at entry.offset (replaces any entry there)
+  kRemove = 1,  // the object entry.key at entry.offset is gone
+  kTouch = 2,   // the object entry.key at entry.offset was used at tick entry.last_access
+};
+
+struct CatalogChange {
+  uint64_t seq = 0;  // of its segment's log; increasing, never reused
+  CatalogChangeKind kind = CatalogChangeKind::kAdd;
+  CatalogEntry entry;
+};
+
+// The changes of one segment's catalog that a client has not acknowledged yet.
+struct SegmentCatalogChanges {
+  SegmentId segment_id = 0;
+  // The changes rebuild the catalog from nothing: drop every entry held first (asked for with
+  // CatalogAck::full, or the log was cut short). The reset's first changes are a snapshot of the
+  // segment's objects (ADDs), later ones what happened since; a long reset goes on over several
+  // replies, with reset set in the first only.
+  bool reset = false;
+  std::vector<CatalogChange> changes;  // in seq order, each one above the one before
+  bool more = false;                   // more changes wait: ask again at once
+  // The seq of the last change this reply covers (with reset, what the catalog is current to,
+  // even when it holds no change): the next change is last_seq + 1. Acknowledge it.
+  uint64_t last_seq = 0;
+};
+
+// A client's acknowledgement: it applied every change of the segment's log up to `seq`.
+struct CatalogAck {
+  SegmentId segment_id = 0;
+  uint64_t seq = 0;  // 0: none yet
+  // Send the whole catalog (a reset) instead of the changes after `seq`: after a mount that
+  // rebuilt objects from the client's catalog, to learn which were kept, or after the client
+  // found a reply it cannot apply. Ignored while a reset it has not received is under way.
+  bool full = false;
 };
 
 struct SegmentView {
@@ -181,7 +263,7 @@ inline constexpr size_t kMaxTrafficLabelBytes = 256;
 inline constexpr size_t kMaxBatchItems = 65536;  // keys, put items or lease ids of one call
 inline constexpr size_t kMaxNameBytes = 256;     // client ids, host ids, segment names
 inline constexpr size_t kMaxDescriptorBytes = 64 * 1024;
-inline constexpr size_t kMaxSegmentsPerMount = 64;
+inline constexpr size_t kMaxSegmentsPerMount = 64;  // also catalog acks of one SyncCatalog
 inline constexpr size_t kMaxPreferredSegments = 64;
 // Largest segment (64 TiB, the most a process's address space maps) and the largest pool.
 inline constexpr uint64_t kMaxSegmentBytes = 1ULL << 46;
@@ -237,6 +319,9 @@ struct MasterStats {
   uint64_t put_revokes = 0;
   uint64_t client_expiries = 0;
   uint64_t incarnation = 0;
+  uint64_t recovered_objects = 0;        // objects and replicas rebuilt from catalogs
+  uint64_t catalog_entries_dropped = 0;  // catalog entries refused by a rebuild
+  uint64_t catalog_resets = 0;           // catalog logs cut short: resent whole
 };
 
 }  // namespace larder::master

@@ -17,6 +17,10 @@ struct MasterBenchOptions {
   // Run the master with a cluster token: every call then carries its session's proof.
   bool auth = false;
   bool json = false;
+  // > 0: instead of the above, time the rebuild of a master from catalogs of this many objects
+  // (MasterState::MountSegments, in this process): one client's catalog, then a second client's
+  // with the same keys (each object gains a replica). Default 0.
+  uint64_t rebuild = 0;
 };
 
 // Starts larder-master (found beside larder-bench) and prints the figures. Returns the exit code.

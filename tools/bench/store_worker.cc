@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "bench/failover_probe.h"
 #include "bench/process.h"
 #include "bench/values.h"
 #include "common/env.h"
@@ -47,6 +48,7 @@ class Worker {
     }
     if (name == "unmount") {
       // Leaves the cluster (segment unmounted, engine gone) while the process lives on.
+      probe_.reset();
       if (!buffer_.empty()) client_->UnregisterBuffer(buffer_.data()).IgnoreError();
       buffer_.clear();
       client_.reset();
@@ -61,6 +63,14 @@ class Worker {
       return {{"code", std::string(StatusCodeName(removed.status().code()))},
               {"removed", removed.ok() ? *removed : 0},
               {"message", removed.status().message()}};
+    }
+    if (name == "catalog") return {{"objects", client_->CatalogSize()}};
+    if (name == "probe_start") return StartProbe(cmd);
+    if (name == "probe_status" || name == "probe_stop") {
+      if (!probe_) return {{"error", "no probe is running"}};
+      json summary = probe_->Summary(cmd.value("since_ns", int64_t{0}));
+      if (name == "probe_stop") probe_.reset();
+      return summary;
     }
     if (name == "route") {
       auto route = client_->RouteTo(cmd.value("segment", ""));
@@ -250,6 +260,14 @@ class Worker {
             {"lat_us", latencies}};
   }
 
+  json StartProbe(const json& cmd) {
+    if (probe_) return {{"error", "a probe is already running"}};
+    auto probe = FailoverProbe::Start(client_.get(), FailoverProbeOptions::FromJson(cmd));
+    if (!probe.ok()) return {{"error", probe.status().ToString()}};
+    probe_ = std::move(*probe);
+    return {{"started", true}, {"now_ns", FailoverProbe::NowNs()}};
+  }
+
   json Exist(const json& cmd) {
     auto keys = cmd.value("keys", std::vector<std::string>{});
     json out = json::array();
@@ -268,6 +286,7 @@ class Worker {
 
   std::unique_ptr<StoreClient> client_;
   std::vector<std::byte> buffer_;
+  std::unique_ptr<FailoverProbe> probe_;  // uses client_, so declared (and destroyed) after it
 };
 
 }  // namespace

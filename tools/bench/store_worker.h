@@ -22,6 +22,13 @@
 //                        "rss_shmem_bytes" of this process
 //   {"cmd":"unmount"} -> {"unmounted":true}: the client leaves (segment unmounted, engine gone)
 //                        and the process stays; later commands get an error
+//   {"cmd":"catalog"} -> {"objects":n}: the size of the client's catalog of its own segment
+//   {"cmd":"probe_start", "put_prefix":P, "max_puts":n, "get_prefix":G, "get_count":n,
+//    "value_size":S, "batch":B, "interval_us":u, ["preferred":segment]}
+//     -> {"started":true, "now_ns":t}: starts the mixed put/get loop of `larder-bench failover`
+//        on a thread of its own (bench/failover_probe.h); other commands keep being answered
+//   {"cmd":"probe_status", "since_ns":t} -> FailoverProbe::Summary(t), the loop still running
+//   {"cmd":"probe_stop", "since_ns":t}   -> the same, after which the loop is stopped
 // Values are self-checking (bench/values.h); every get is verified.
 #pragma once
 

@@ -1,0 +1,116 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+#include "client/catalog.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace larder::client {
+namespace {
+
+proto::CatalogChange Change(uint64_t seq, proto::CatalogChange::Kind kind, std::string key,
+                            uint64_t offset, uint64_t size = 0, uint64_t last_access = 0) {
+  proto::CatalogChange change;
+  change.set_seq(seq);
+  change.set_kind(kind);
+  change.mutable_entry()->set_key(std::move(key));
+  change.mutable_entry()->set_offset(offset);
+  change.mutable_entry()->set_size(size);
+  change.mutable_entry()->set_last_access(last_access);
+  return change;
+}
+
+// offset -> (key, size, last_access), as a mount would report the catalog.
+std::map<uint64_t, std::tuple<std::string, uint64_t, uint64_t>> Reported(
+    const SegmentCatalog& catalog, uint64_t* incarnation = nullptr) {
+  proto::SegmentInfo segment;
+  catalog.Fill(&segment);
+  if (incarnation != nullptr) *incarnation = segment.catalog_incarnation();
+  std::map<uint64_t, std::tuple<std::string, uint64_t, uint64_t>> out;
+  for (const proto::CatalogEntry& entry : segment.catalog()) {
+    out[entry.offset()] = {entry.key(), entry.size(), entry.last_access()};
+  }
+  return out;
+}
+
+TEST(SegmentCatalogTest, AppliesAddsRemovesAndTouchesInOrder) {
+  SegmentCatalog catalog;
+  proto::SegmentCatalogChanges changes;
+  changes.set_segment_id(7);
+  *changes.add_changes() = Change(1, proto::CatalogChange::ADD, "a", 0, 100, 5);
+  *changes.add_changes() = Change(2, proto::CatalogChange::ADD, "b", 128, 64, 6);
+  *changes.add_changes() = Change(3, proto::CatalogChange::TOUCH, "a", 0, 0, 9);
+  *changes.add_changes() = Change(4, proto::CatalogChange::REMOVE, "b", 128);
+  changes.set_last_seq(4);
+  ASSERT_TRUE(catalog.Apply(changes, 0xabc).ok());
+  EXPECT_EQ(catalog.seq(), 4u);
+  uint64_t incarnation = 0;
+  auto reported = Reported(catalog, &incarnation);
+  EXPECT_EQ(incarnation, 0xabcu);
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(reported[0], std::make_tuple(std::string("a"), uint64_t{100}, uint64_t{9}));
+}
+
+TEST(SegmentCatalogTest, RemoveOfAnotherKeyAtTheOffsetKeepsTheEntry) {
+  SegmentCatalog catalog;
+  proto::SegmentCatalogChanges changes;
+  *changes.add_changes() = Change(1, proto::CatalogChange::ADD, "new", 0, 10);
+  *changes.add_changes() = Change(2, proto::CatalogChange::REMOVE, "old", 0);
+  ASSERT_TRUE(catalog.Apply(changes, 1).ok());
+  EXPECT_EQ(catalog.size(), 1u);
+}
+
+TEST(SegmentCatalogTest, AGapInTheNumberingIsRefusedAndAppliesNothingAfterIt) {
+  SegmentCatalog catalog;
+  proto::SegmentCatalogChanges changes;
+  *changes.add_changes() = Change(1, proto::CatalogChange::ADD, "a", 0, 10);
+  *changes.add_changes() = Change(3, proto::CatalogChange::ADD, "c", 64, 10);
+  Status status = catalog.Apply(changes, 1);
+  EXPECT_EQ(status.code(), StatusCode::kInternal) << status;
+  EXPECT_EQ(catalog.seq(), 1u);
+  EXPECT_EQ(catalog.size(), 1u);
+}
+
+TEST(SegmentCatalogTest, AResetReplacesEverythingAndSetsTheNumbering) {
+  SegmentCatalog catalog;
+  proto::SegmentCatalogChanges first;
+  *first.add_changes() = Change(1, proto::CatalogChange::ADD, "stale", 0, 10);
+  ASSERT_TRUE(catalog.Apply(first, 1).ok());
+  catalog.Restart();
+  EXPECT_EQ(catalog.seq(), 0u);
+  EXPECT_EQ(catalog.size(), 1u) << "kept until the master says what it kept";
+
+  proto::SegmentCatalogChanges reset;
+  reset.set_reset(true);
+  *reset.add_changes() = Change(0, proto::CatalogChange::ADD, "kept", 256, 20);
+  reset.set_last_seq(41);
+  ASSERT_TRUE(catalog.Apply(reset, 2).ok());
+  EXPECT_EQ(catalog.seq(), 41u);
+  auto reported = Reported(catalog);
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(std::get<0>(reported[256]), "kept");
+
+  proto::SegmentCatalogChanges next;
+  *next.add_changes() = Change(42, proto::CatalogChange::ADD, "after", 512, 5);
+  EXPECT_TRUE(catalog.Apply(next, 2).ok());
+  EXPECT_EQ(catalog.size(), 2u);
+}
+
+TEST(SegmentCatalogTest, SoftPinsReportWhatRemainsOfThem) {
+  SegmentCatalog catalog;
+  proto::SegmentCatalogChanges changes;
+  proto::CatalogChange add = Change(1, proto::CatalogChange::ADD, "pinned", 0, 10);
+  add.mutable_entry()->set_pinned(true);
+  add.mutable_entry()->set_soft_pin_remaining_ms(60000);
+  *changes.add_changes() = add;
+  ASSERT_TRUE(catalog.Apply(changes, 1).ok());
+  proto::SegmentInfo segment;
+  catalog.Fill(&segment);
+  ASSERT_EQ(segment.catalog_size(), 1);
+  EXPECT_TRUE(segment.catalog(0).pinned());
+  EXPECT_GT(segment.catalog(0).soft_pin_remaining_ms(), 0u);
+  EXPECT_LE(segment.catalog(0).soft_pin_remaining_ms(), 60000u);
+}
+
+}  // namespace
+}  // namespace larder::client

@@ -1,0 +1,231 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+#include "master/catalog_feed.h"
+
+#include <algorithm>
+
+namespace larder::master {
+
+void TouchBatch::Add(SegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
+                     uint64_t last_access) {
+  touches_.push_back(Touch{segment, offset, size, last_access, keys_.size(), key.size()});
+  keys_.append(key);
+}
+
+void TouchBatch::Reserve(size_t touches, size_t key_bytes) {
+  touches_.reserve(touches_.size() + touches);
+  keys_.reserve(keys_.size() + key_bytes);
+}
+
+CatalogFeed::CatalogFeed(size_t shard_count) : shard_count_(shard_count) {}
+
+void CatalogFeed::Log::Push(const LoggedChange& change) {
+  if (chunks.empty() || chunks.back()->changes.size() == kChunk) {
+    // Both buffers are taken whole at once (keys of 40 bytes on average before a copy).
+    auto chunk = std::make_unique<Chunk>();
+    chunk->changes.reserve(kChunk);
+    chunk->keys.reserve(kChunk * 40);
+    chunks.push_back(std::move(chunk));
+  }
+  Chunk& chunk = *chunks.back();
+  chunk.changes.push_back(Stored{change.offset, change.size, change.last_access,
+                                 change.soft_pin_until, static_cast<uint32_t>(chunk.keys.size()),
+                                 static_cast<uint16_t>(change.key.size()), change.kind,
+                                 change.pinned});
+  chunk.keys.append(change.key);
+  ++next_seq;
+}
+
+void CatalogFeed::Log::Clear() {
+  chunks.clear();
+  first_seq = next_seq;
+  front_skip = 0;
+}
+
+void CatalogFeed::Log::DropThrough(uint64_t seq) {
+  while (!chunks.empty()) {
+    const uint64_t in_front = chunks.front()->changes.size();
+    if (first_seq + in_front - 1 > seq) {
+      if (seq >= first_seq) front_skip = std::max<size_t>(front_skip, seq + 1 - first_seq);
+      return;
+    }
+    chunks.pop_front();
+    first_seq += in_front;
+    front_skip = 0;
+  }
+  first_seq = next_seq;
+}
+
+void CatalogFeed::BeginReset(Log& log) {
+  log.Clear();
+  log.overflowed = false;
+  log.reset_seq = log.next_seq;
+  log.snapshot_shard = 0;
+}
+
+void CatalogFeed::AddSegment(SegmentId id, bool reset) {
+  auto log = std::make_unique<Log>();
+  log->snapshot_shard = shard_count_;
+  if (reset) BeginReset(*log);
+  Stripe& stripe = StripeOf(id);
+  std::lock_guard lock(stripe.mu);
+  stripe.logs[id] = std::move(log);
+}
+
+void CatalogFeed::RemoveSegment(SegmentId id) {
+  std::unique_ptr<Log> removed;  // freed outside the lock
+  Stripe& stripe = StripeOf(id);
+  std::lock_guard lock(stripe.mu);
+  auto it = stripe.logs.find(id);
+  if (it == stripe.logs.end()) return;
+  removed = std::move(it->second);
+  stripe.logs.erase(it);
+}
+
+void CatalogFeed::Append(SegmentId id, const LoggedChange& change) {
+  Stripe& stripe = StripeOf(id);
+  std::lock_guard lock(stripe.mu);
+  auto it = stripe.logs.find(id);
+  if (it == stripe.logs.end()) return;
+  Log& log = *it->second;
+  if (log.overflowed) return;
+  if (log.pending() >= log.bound()) {
+    // The owner is not keeping up (or not asking): rather than holding an unbounded log, the
+    // master sends the whole catalog again once it asks.
+    log.Clear();
+    log.overflowed = true;
+    log.reset_seq = 0;
+    log.snapshot_shard = shard_count_;
+    resets_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  log.Push(change);
+}
+
+void CatalogFeed::AppendSnapshot(SegmentId id, const LoggedChange& change) {
+  Stripe& stripe = StripeOf(id);
+  std::lock_guard lock(stripe.mu);
+  auto it = stripe.logs.find(id);
+  if (it == stripe.logs.end() || it->second->overflowed) return;
+  it->second->Push(change);
+}
+
+void CatalogFeed::Append(const TouchBatch& batch) {
+  // A batch's touches are mostly of one segment: each stripe lock is taken once per run.
+  const Stripe* locked = nullptr;
+  std::unique_lock<std::mutex> lock;
+  SegmentId cached_id = 0;
+  Log* cached = nullptr;
+  for (const TouchBatch::Touch& touch : batch.touches_) {
+    Stripe& stripe = StripeOf(touch.segment);
+    if (&stripe != locked) {
+      lock = std::unique_lock(stripe.mu);
+      locked = &stripe;
+      cached = nullptr;
+    }
+    if (cached == nullptr || cached_id != touch.segment) {
+      auto it = stripe.logs.find(touch.segment);
+      cached = it == stripe.logs.end() ? nullptr : it->second.get();
+      cached_id = touch.segment;
+    }
+    if (cached == nullptr || cached->overflowed || cached->pending() >= cached->bound() / 2) {
+      continue;
+    }
+    LoggedChange change;
+    change.kind = CatalogChangeKind::kTouch;
+    change.key = std::string_view(batch.keys_).substr(touch.key_at, touch.key_size);
+    change.offset = touch.offset;
+    change.size = touch.size;
+    change.last_access = touch.last_access;
+    cached->Push(change);
+  }
+}
+
+bool CatalogFeed::Acknowledge(SegmentId id, uint64_t ack, bool full) {
+  Stripe& stripe = StripeOf(id);
+  std::lock_guard lock(stripe.mu);
+  auto it = stripe.logs.find(id);
+  if (it == stripe.logs.end()) return false;
+  Log& log = *it->second;
+  log.read = true;
+  if (log.overflowed) {
+    BeginReset(log);
+    return true;
+  }
+  // The owner has a reset once it acknowledges a change of it; until then every read answers
+  // reset again, from its start.
+  const bool owed_reset = log.reset_seq != 0 && (ack < log.reset_seq || ack >= log.next_seq);
+  if (full) {
+    if (!owed_reset) BeginReset(log);
+    return true;
+  }
+  if (log.reset_seq != 0) {
+    if (!owed_reset) {
+      log.reset_seq = 0;
+      log.DropThrough(ack);
+    }
+    return true;
+  }
+  if (ack >= log.next_seq || ack + 1 < log.first_seq + log.front_skip) {
+    // Not a point this log can continue from (changes the owner never applied were dropped, or
+    // it acknowledges changes never logged): it gets the whole catalog instead.
+    BeginReset(log);
+    resets_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  log.DropThrough(ack);
+  return true;
+}
+
+std::optional<size_t> CatalogFeed::NextSnapshotShard(SegmentId id, uint64_t ack, size_t limit) {
+  Stripe& stripe = StripeOf(id);
+  std::lock_guard lock(stripe.mu);
+  auto it = stripe.logs.find(id);
+  if (it == stripe.logs.end()) return std::nullopt;
+  Log& log = *it->second;
+  if (log.overflowed || log.snapshot_shard >= shard_count_) return std::nullopt;
+  const bool reset = log.reset_seq != 0 && (ack < log.reset_seq || ack >= log.next_seq);
+  const uint64_t from = std::max(reset ? log.reset_seq : ack + 1, log.first_seq + log.front_skip);
+  if (log.next_seq > from && log.next_seq - from >= limit) return std::nullopt;
+  return log.snapshot_shard++;
+}
+
+void CatalogFeed::Read(SegmentId id, uint64_t ack, size_t limit, int64_t now,
+                       SegmentCatalogChanges* out) const {
+  out->segment_id = id;
+  out->changes.clear();
+  const Stripe& stripe = StripeOf(id);
+  std::lock_guard lock(stripe.mu);
+  auto it = stripe.logs.find(id);
+  if (it == stripe.logs.end()) return;
+  const Log& log = *it->second;
+  out->reset = log.reset_seq != 0 && (ack < log.reset_seq || ack >= log.next_seq);
+  const uint64_t from =
+      std::max(out->reset ? log.reset_seq : ack + 1, log.first_seq + log.front_skip);
+  const uint64_t end = from >= log.next_seq ? from : std::min(log.next_seq, from + limit);
+  out->changes.reserve(end - from);
+  for (uint64_t seq = from; seq < end; ++seq) {
+    const uint64_t position = seq - log.first_seq;
+    const Chunk& chunk = *log.chunks[position / kChunk];
+    const Stored& stored = chunk.changes[position % kChunk];
+    CatalogChange& change = out->changes.emplace_back();
+    change.seq = seq;
+    change.kind = stored.kind;
+    change.entry.key.assign(chunk.keys, stored.key_at, stored.key_size);
+    change.entry.offset = stored.offset;
+    change.entry.size = stored.size;
+    change.entry.pinned = stored.pinned;
+    change.entry.last_access = stored.last_access;
+    if (stored.soft_pin_until > now) {
+      change.entry.soft_pin_remaining_ms =
+          static_cast<uint64_t>((stored.soft_pin_until - now + 999'999) / 1'000'000);
+    }
+  }
+  out->last_seq = end - 1;
+  // An overflow since Acknowledge: the next call starts the reset.
+  out->more = end < log.next_seq || log.overflowed || log.snapshot_shard < shard_count_;
+}
+
+uint64_t CatalogFeed::resets() const { return resets_.load(std::memory_order_relaxed); }
+
+}  // namespace larder::master

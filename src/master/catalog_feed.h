@@ -1,0 +1,176 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The catalog feed: per mounted segment, the log of changes to the committed objects that have a
+// replica there, which the segment's owner fetches (MasterState::SyncCatalog) to keep its
+// catalog: the list it reports when it mounts the segment again, from which a new or restarted
+// master rebuilds those objects.
+//
+// Sequence numbers are per segment, start at 1, increase by one per change and are never reused.
+// A client acknowledges the last change it applied; changes up to there are dropped.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "master/types.h"
+
+namespace larder::master {
+
+// Changes past this many pending (not acknowledged) ones for one segment cut its log short: it is
+// cleared, and the next read resends the segment's whole catalog (SegmentCatalogChanges::reset).
+inline constexpr size_t kMaxPendingCatalogChanges = size_t{1} << 20;
+// The same bound for a log that no one has read yet: an owner that never reads its catalog (one
+// that predates catalogs) costs the master at most this many changes per segment.
+inline constexpr size_t kMaxPendingCatalogChangesUnread = size_t{1} << 16;
+// TOUCHes are hints: one that finds half the bound pending is dropped, never cuts a log short.
+// Most changes one read returns for one segment, and for all of a client's segments together
+// (about 64 bytes each on the wire, so that a reply stays far below the 256 MiB message limit).
+inline constexpr size_t kMaxCatalogChangesPerSegment = 65536;
+inline constexpr size_t kMaxCatalogChangesPerReply = 4 * kMaxCatalogChangesPerSegment;
+
+// A change as it is logged. `key` is the caller's memory, copied by the feed. REQUIRES: key has
+// at most kMaxKeyBytes (65535) bytes.
+struct LoggedChange {
+  CatalogChangeKind kind = CatalogChangeKind::kAdd;
+  std::string_view key;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  bool pinned = false;
+  int64_t soft_pin_until = 0;  // master clock (ns); 0: not soft-pinned
+  uint64_t last_access = 0;
+};
+
+// TOUCHes gathered while a get holds its shard locks, logged after it let them go (TouchBatch's
+// keys live in one buffer, so that gathering one costs a copy of the key, not an allocation).
+class TouchBatch {
+ public:
+  void Add(SegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
+           uint64_t last_access);
+  // Room for `touches` more, with `key_bytes` of keys, so that gathering them allocates once.
+  void Reserve(size_t touches, size_t key_bytes);
+  bool empty() const { return touches_.empty(); }
+
+ private:
+  friend class CatalogFeed;
+  struct Touch {
+    SegmentId segment = 0;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    uint64_t last_access = 0;
+    size_t key_at = 0;
+    size_t key_size = 0;
+  };
+  std::vector<Touch> touches_;
+  std::string keys_;
+};
+
+// Thread-safe. Its locks are leaves: they are taken under shard and segment-table locks, and
+// nothing is locked under them. Logs are split over a few stripes by segment id, each with its
+// own mutex, so that puts into different segments do not wait on one another.
+class CatalogFeed {
+ public:
+  // `shard_count`: how many shards a reset's snapshot walks (see NextSnapshotShard).
+  explicit CatalogFeed(size_t shard_count);
+  CatalogFeed(const CatalogFeed&) = delete;
+  CatalogFeed& operator=(const CatalogFeed&) = delete;
+
+  // Starts the (empty) log of a new segment. With `reset`, the owner must drop the catalog it
+  // holds: its first read answers reset, with a snapshot of the segment's objects.
+  void AddSegment(SegmentId id, bool reset);
+  // Forgets the segment's log. Appends for it are ignored from now on.
+  void RemoveSegment(SegmentId id);
+
+  // Logs ADD or REMOVE. Past kMaxPendingCatalogChanges pending changes (or
+  // kMaxPendingCatalogChangesUnread before the log's first Acknowledge) the log is cleared and
+  // marked for a reset; until that reset starts, changes are not logged (the snapshot will hold
+  // their outcome). A segment without a log: ignored.
+  void Append(SegmentId id, const LoggedChange& change);
+  // Logs each touch (best effort: dropped past half the bound of pending changes).
+  void Append(const TouchBatch& batch);
+
+  // ---- reads, for MasterState::SyncCatalog ----
+
+  // Drops the changes up to `ack` and starts a reset where one is due: the log overflowed, `ack`
+  // is one it cannot continue from (past the last change, or before changes dropped), or the
+  // owner asks (`full`) and is not already owed a reset. Returns false when the segment has no
+  // log.
+  bool Acknowledge(SegmentId id, uint64_t ack, bool full = false);
+  // During a reset, the next shard whose objects on the segment are to be appended as a snapshot
+  // (with AppendSnapshot, under that shard's lock), while fewer than `limit` changes after `ack`
+  // wait; nullopt when none is to be scanned now. Each shard is handed out once per reset.
+  std::optional<size_t> NextSnapshotShard(SegmentId id, uint64_t ack, size_t limit);
+  // As Append for ADD, for a reset's snapshot: never cuts the log short.
+  void AppendSnapshot(SegmentId id, const LoggedChange& change);
+  // At most `limit` changes after `ack` into *out (segment_id, reset, changes, more, last_seq),
+  // with soft-pin deadlines as the time left after `now` (master clock, ns).
+  void Read(SegmentId id, uint64_t ack, size_t limit, int64_t now,
+            SegmentCatalogChanges* out) const;
+
+  // Logs cut short since construction.
+  uint64_t resets() const;
+
+ private:
+  // Changes are kept in chunks of kChunk, their keys in one buffer per chunk, so that logging
+  // one costs no allocation of its own, and dropping acknowledged ones frees whole chunks.
+  static constexpr size_t kChunk = 4096;
+  struct Stored {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    uint64_t last_access = 0;
+    int64_t soft_pin_until = 0;
+    uint32_t key_at = 0;
+    uint16_t key_size = 0;
+    CatalogChangeKind kind = CatalogChangeKind::kAdd;
+    bool pinned = false;
+  };
+  struct Chunk {
+    std::vector<Stored> changes;
+    std::string keys;  // of `changes`, back to back
+  };
+  struct Log {
+    uint64_t first_seq = 1;  // of chunks.front()->changes[0]
+    uint64_t next_seq = 1;   // of the next change logged
+    size_t front_skip = 0;   // changes of the front chunk already dropped
+    std::deque<std::unique_ptr<Chunk>> chunks;
+    bool overflowed = false;  // cleared; a reset starts at the next Acknowledge
+    bool read = false;        // acknowledged at least once: the larger bound applies
+    // A reset in progress: the owner must drop its catalog before applying the changes from
+    // reset_seq on (0: none), and shards from snapshot_shard on are still to be scanned.
+    uint64_t reset_seq = 0;
+    size_t snapshot_shard = 0;
+
+    uint64_t pending() const { return next_seq - first_seq - front_skip; }
+    size_t bound() const {
+      return read ? kMaxPendingCatalogChanges : kMaxPendingCatalogChangesUnread;
+    }
+    void Push(const LoggedChange& change);
+    void Clear();
+    void DropThrough(uint64_t seq);
+  };
+  struct Stripe {
+    mutable std::mutex mu;
+    absl::flat_hash_map<SegmentId, std::unique_ptr<Log>> logs;  // guarded by mu
+  };
+  static constexpr size_t kStripes = 16;
+
+  Stripe& StripeOf(SegmentId id) { return stripes_[id % kStripes]; }
+  const Stripe& StripeOf(SegmentId id) const { return stripes_[id % kStripes]; }
+  // Clears the log and starts a reset from its next change. REQUIRES: its stripe's mu held.
+  void BeginReset(Log& log);
+
+  const size_t shard_count_;
+  std::array<Stripe, kStripes> stripes_;
+  std::atomic<uint64_t> resets_{0};
+};
+
+}  // namespace larder::master
