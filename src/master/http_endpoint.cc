@@ -163,6 +163,11 @@ std::string RenderMetrics(const MasterState& state) {
          stats.put_revokes);
   metric("larder_client_expiries_total", "counter", "Clients expired for missing heartbeats.",
          stats.client_expiries);
+  metric("larder_recovered_objects_total", "counter",
+         "Objects (or replicas) rebuilt from the clients' catalogs.", stats.recovered_objects);
+  metric("larder_catalog_entries_dropped_total", "counter",
+         "Catalog entries refused at a rebuild (bad, overlapping, conflicting, duplicate).",
+         stats.catalog_entries_dropped);
   out << "# HELP larder_segment_bytes_used Bytes allocated per segment.\n"
          "# TYPE larder_segment_bytes_used gauge\n";
   auto segments = state.ListSegments({});

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "master/master_server.h"
 #include "master/service.h"
 
 namespace larder::master {
@@ -125,6 +126,9 @@ TEST_F(CatalogServiceTest, MountRebuildsSyncReportsAndGetsRetry) {
   ASSERT_TRUE(service_->GetStats(&context, &stats_request, &stats).ok());
   EXPECT_EQ(stats.recovered_objects(), 2u);
   EXPECT_EQ(stats.catalog_entries_dropped(), 1u);
+  const std::string metrics = RenderMetrics(state_);
+  EXPECT_NE(metrics.find("\nlarder_recovered_objects_total 2\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nlarder_catalog_entries_dropped_total 1\n"), std::string::npos);
 }
 
 TEST_F(CatalogServiceTest, SyncIsRefusedToUnknownClientsAndBounded) {
