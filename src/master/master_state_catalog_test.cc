@@ -563,7 +563,8 @@ TEST_F(CatalogTest, ARestartedMasterRebuildsFromTheCatalog) {
   EXPECT_EQ(next->Stats().bytes_used, 1024u + 5056u) << "the ranges are taken, rounded";
   // New puts never land on a restored range.
   for (int i = 0; i < 50; ++i) {
-    PutStartItem item{"new" + std::to_string(i), 7000};
+    const std::string key = "new" + std::to_string(i);  // the item views it
+    PutStartItem item{key, 7000};
     auto placed = next->BatchPutStart("a", std::span(&item, 1), {});
     ASSERT_TRUE(placed.ok());
     const ReplicaLocation& at = (*placed)[0].replicas.at(0);
