@@ -194,10 +194,7 @@ TEST_F(StoreClientTest, MasterRestartKeepsTheObjectsInTheCatalog) {
   for (int i = 0; i < kObjects; ++i) {
     ASSERT_TRUE(client->Put("k" + std::to_string(i), Bytes(3000 + i, uint8_t(i))).ok());
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (client->CatalogSize() < kObjects && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  testutil::WaitUntil([&] { return client->CatalogSize() >= kObjects; }, milliseconds(20000));
   ASSERT_EQ(client->CatalogSize(), uint64_t{kObjects});
   const uint64_t old_incarnation = master_->state().incarnation();
   master_->Shutdown();
@@ -212,35 +209,27 @@ TEST_F(StoreClientTest, MasterRestartKeepsTheObjectsInTheCatalog) {
   master_ = std::move(*restarted);
   ASSERT_NE(master_->state().incarnation(), old_incarnation);
   int readable = 0;
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   for (int i = 0; i < kObjects; ++i) {
-    for (;;) {
-      auto got = client->Get("k" + std::to_string(i));
-      if (got.ok()) {
-        auto expected = Bytes(3000 + i, uint8_t(i));
-        EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size()), 0) << i;
-        EXPECT_EQ(got->size(), expected.size());
-        ++readable;
-        break;
-      }
-      ASSERT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status();
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << got.status();
-      std::this_thread::sleep_for(milliseconds(20));
-    }
+    Result<std::string> got = UnavailableError("not read yet");
+    testutil::WaitUntil(
+        [&] {
+          got = client->Get("k" + std::to_string(i));
+          return got.status().code() != StatusCode::kUnavailable;
+        },
+        milliseconds(30000));
+    ASSERT_TRUE(got.ok()) << got.status();
+    auto expected = Bytes(3000 + i, uint8_t(i));
+    EXPECT_EQ(std::memcmp(got->data(), expected.data(), expected.size()), 0) << i;
+    EXPECT_EQ(got->size(), expected.size());
+    ++readable;
   }
   EXPECT_EQ(readable, kObjects);
   EXPECT_EQ(master_->state().Stats().objects, uint64_t{kObjects});
   // The new master's feed brings the catalog back to what it holds.
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (client->CatalogSize() != kObjects && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  testutil::WaitUntil([&] { return client->CatalogSize() == kObjects; }, milliseconds(20000));
   EXPECT_EQ(client->CatalogSize(), uint64_t{kObjects});
   ASSERT_TRUE(client->Remove("k0").ok());
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (client->CatalogSize() != kObjects - 1 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  testutil::WaitUntil([&] { return client->CatalogSize() == kObjects - 1; }, milliseconds(20000));
   EXPECT_EQ(client->CatalogSize(), uint64_t{kObjects - 1});
 }
 

@@ -4,11 +4,13 @@
 // variables. Header-only and free of GoogleTest so that any test binary can include it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace larder::testutil {
 
@@ -60,5 +62,17 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> previous_;
 };
+
+// Waits until `done()` holds or `timeout` passes, checking it every few milliseconds (for
+// conditions no event announces, such as another thread's or process's progress). Returns done().
+template <typename Pred>
+bool WaitUntil(Pred done, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 }  // namespace larder::testutil
