@@ -33,6 +33,8 @@ packages=(
   python3-torch
   etcd-server
   etcd-client
+  libucx-dev
+  ucx-utils
 )
 
 missing=()

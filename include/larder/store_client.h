@@ -145,7 +145,7 @@ struct ReplicaInfo {
   std::string segment_name;
   uint64_t offset = 0;   // inside the segment
   uint64_t address = 0;  // the segment owner's address of the replica's first byte
-  std::string endpoint;  // the owner's data server ("ip:port"); empty for a segment without one
+  std::string endpoint;  // the owner engine's address ("ip:port"); empty for a segment without one
 };
 
 // An object's size and replicas, as the master knows them.

@@ -4,12 +4,18 @@
 // engines in this process, in other processes on this host, or on other hosts, over the fastest
 // route that reaches the owner:
 //
-//   RouteKind::kLocal        the segment belongs to this engine: memcpy.
-//   RouteKind::kSameHostShm  same host, other process: the owner's memfd is handed over a Unix
-//                            socket (SCM_RIGHTS), mapped MAP_SHARED here, then memcpy.
-//   RouteKind::kTcp          anything else (or when forced): the owner's TCP data server.
-//   RouteKind::kDevice       device memory, through a registration-aware device transport
-//                            (today within one engine; see docs/devices.md).
+//   local   the segment belongs to this engine: memcpy.
+//   shm     same host, other process: the owner's memfd is handed over a Unix socket
+//           (SCM_RIGHTS), mapped MAP_SHARED here, then memcpy.
+//   ucx     other hosts over an RDMA fabric, through UCX (builds with libucx; chosen by "auto" only
+//           where UCX has an RDMA lane to the peer).
+//   tcp     anything else (or when forced): the owner's TCP data server.
+//   device  device memory, through a registration-aware device transport (today within one
+//           engine; see docs/devices.md).
+//
+// Routes are transports, registered by name (transfer/transport_registry.h); each publishes how
+// it is reached in the segment descriptors. An engine's own address is its bootstrap service,
+// which answers descriptor queries and belongs to no transport.
 //
 // Segments are addressed as (segment, offset), never by raw remote address, so every access is
 // bounds-checked against the segment's size on both ends.
@@ -32,9 +38,11 @@
 #pragma once
 
 #include <chrono>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -51,16 +59,59 @@ enum class EngineRole {
   kStore,       // The store client's engine: LARDER_STORE_PROTOCOL, else LARDER_PROTOCOL.
 };
 
-enum class RouteKind : uint8_t {
-  kNone = 0,
-  kLocal = 1,
-  kSameHostShm = 2,
-  kTcp = 3,
-  kDevice = 4,
+// A route is named by the transport that carries it: "local", "shm", "tcp", "device", "ucx", or
+// whatever transport a build registers (docs/transfer-engine.md lists them). A default-constructed
+// route is "none". Names are at most 15 bytes and stored inline, so a RouteKind is as cheap to
+// copy and compare as an integer. The constants name the transports that every build has; other
+// transports are named by string, e.g. RouteKind("ucx").
+class RouteKind {
+ public:
+  static constexpr size_t kMaxNameBytes = 15;
+
+  constexpr RouteKind() = default;
+  // Names longer than kMaxNameBytes are cut there (the registry refuses such transport names).
+  constexpr explicit RouteKind(std::string_view name)
+      : size_(static_cast<uint8_t>(name.size() < kMaxNameBytes ? name.size() : kMaxNameBytes)) {
+    for (size_t i = 0; i < kMaxNameBytes; ++i) name_[i] = i < size_ ? name[i] : '\0';
+  }
+
+  // "none" for the default route. Points into this object.
+  constexpr std::string_view name() const {
+    return size_ == 0 ? std::string_view("none") : std::string_view(name_, size_);
+  }
+  constexpr bool none() const { return size_ == 0; }
+
+  friend constexpr bool operator==(const RouteKind& a, const RouteKind& b) {
+    if (a.size_ != b.size_) return false;
+    for (size_t i = 0; i < kMaxNameBytes; ++i) {
+      if (a.name_[i] != b.name_[i]) return false;
+    }
+    return true;
+  }
+  friend constexpr auto operator<=>(const RouteKind& a, const RouteKind& b) {
+    return a.name() <=> b.name();
+  }
+
+  static const RouteKind kNone;
+  static const RouteKind kLocal;        // the segment belongs to this engine: memcpy
+  static const RouteKind kSameHostShm;  // "shm": a same-host peer's memfd, mapped here
+  static const RouteKind kTcp;          // the owner's tcp data server
+  static const RouteKind kDevice;       // device memory through the device transport
+
+ private:
+  uint8_t size_ = 0;
+  char name_[kMaxNameBytes] = {};
 };
 
-// "local", "shm", "tcp", "device" or "none".
-std::string_view RouteKindName(RouteKind route);
+inline constexpr RouteKind RouteKind::kNone{};
+inline constexpr RouteKind RouteKind::kLocal{"local"};
+inline constexpr RouteKind RouteKind::kSameHostShm{"shm"};
+inline constexpr RouteKind RouteKind::kTcp{"tcp"};
+inline constexpr RouteKind RouteKind::kDevice{"device"};
+
+// route.name() as a string: "local", "shm", "tcp", "device", "ucx", ... or "none". (A copy, so
+// that it outlives a temporary route.)
+inline std::string RouteKindName(const RouteKind& route) { return std::string(route.name()); }
 
 // How a segment's memory was obtained; decides which routes can reach it.
 enum class MemoryKind : uint8_t {
@@ -122,15 +173,28 @@ using BatchId = uint64_t;
 // a metadata service; serializable to JSON.
 struct SegmentDescriptor {
   SegmentId segment_id = 0;
-  std::string name;          // unique per owner engine
-  uint64_t epoch = 0;        // changes whenever an id would be re-registered
-  std::string engine_id;     // "<host_id>/<pid>/<nonce>"
-  std::string host_id;       // kernel boot id or LARDER_HOST_ID
-  std::string tcp_endpoint;  // "ip:port" of the owner's data server
-  std::string shm_socket;    // abstract Unix socket name for fd handoff; empty: no shm export
+  std::string name;       // unique per owner engine
+  uint64_t epoch = 0;     // changes whenever an id would be re-registered
+  std::string engine_id;  // "<host_id>/<pid>/<nonce>"
+  std::string host_id;    // kernel boot id or LARDER_HOST_ID
+  std::string address;    // "ip:port" of the owner engine (its address(): descriptor queries)
   uint64_t size = 0;
   MemoryKind memory_kind = MemoryKind::kAnonymous;
   uint64_t page_size = 4096;  // of the memory behind it: 4 KiB, 2 MiB or 1 GiB
+  // How each of the owner's transports is reached for this segment, by transport name: an opaque
+  // blob that only that transport reads (tcp: its data server's endpoint; shm: the handoff
+  // socket; ucx: the worker address and the segment's rkey). A transport with no entry does not
+  // export the segment. At most kMaxTransports entries of at most kMaxBlobBytes each.
+  std::map<std::string, std::string, std::less<>> transports;
+
+  static constexpr size_t kMaxTransports = 16;
+  static constexpr size_t kMaxBlobBytes = 64 * 1024;
+
+  // The blob of transport `name`, or null.
+  const std::string* TransportBlob(std::string_view name) const {
+    auto it = transports.find(name);
+    return it == transports.end() ? nullptr : &it->second;
+  }
 
   std::string ToJson() const;
   static Result<SegmentDescriptor> FromJson(std::string_view json);
@@ -139,13 +203,16 @@ struct SegmentDescriptor {
 struct TransferEngineOptions {
   // Which protocol variable applies when `protocol` is empty.
   EngineRole role = EngineRole::kStandalone;
-  // "auto" (local, then shm, then tcp), one name ("local", "shm", "tcp", "device"), or a comma list
-  // such as "shm,tcp" or "device,tcp". "auto" never includes "device": ask for it by name. Empty:
-  // the role's environment variable (see docs/configuration.md), else "auto". "tcp" forces the
-  // network even between processes on one host.
+  // "auto" (local, then shm, then ucx where built, then tcp), one transport's name ("local", "shm",
+  // "ucx", "tcp", "device"), or a comma list such as "shm,tcp" or "device,tcp". Routes are tried
+  // in the registry's preference order whatever the order of the list. "auto" never includes
+  // "device": ask for it by name. Empty: the role's environment variable (see
+  // docs/configuration.md), else "auto". "tcp" forces the network even between processes on one
+  // host; "ucx" forces UCX to every peer that exports through it.
   std::string protocol;
-  // Address of this engine's TCP data server. Port 0 picks a free port. The server also answers
-  // descriptor queries from peers, so it always runs.
+  // Address of this engine's bootstrap service, which answers peers' descriptor queries (always
+  // runs; its address is address()). Port 0 picks a free port. Transports with servers of their
+  // own (the tcp data server) bind the same host on a port of their own.
   std::string listen_address = "127.0.0.1:0";
   // Cluster secret. Empty: LARDER_AUTH_TOKEN, else none. When set, both ends of every tcp
   // connection and shm handoff prove it to each other (HMAC over both nonces, both engine ids and
@@ -211,9 +278,9 @@ struct TransferCounters {
 
 // What one route carried to and from one peer engine (this engine itself for kLocal).
 struct PeerTransferStats {
-  std::string engine_id;     // the peer: owner of the segments
-  std::string host_id;       // its host identity
-  std::string tcp_endpoint;  // its data server
+  std::string engine_id;  // the peer: owner of the segments
+  std::string host_id;    // its host identity
+  std::string address;    // its engine address
   RouteKind route = RouteKind::kNone;
   TransferCounters reads;   // segment -> local
   TransferCounters writes;  // local -> segment
@@ -234,7 +301,7 @@ struct EngineStats {
   TransferCounters ByRoute(RouteKind route) const;
   // Reads and writes with `engine_id` on `route`.
   TransferCounters ByPeer(std::string_view engine_id, RouteKind route) const;
-  // {"peers":[{engine_id, host_id, tcp_endpoint, route, reads:{requests,bytes,failures},
+  // {"peers":[{engine_id, host_id, address, route, reads:{requests,bytes,failures},
   //  writes:{...}}], "routes":{"shm":{requests,bytes,failures}, ...}, "mapped_segments":n, ...}
   std::string ToJson() const;
 };
@@ -368,7 +435,12 @@ class TransferEngine {
 // LARDER_PROTOCOL, then "auto". Never modifies the environment.
 std::string ResolveProtocol(EngineRole role, const std::string& configured);
 
-// Parses a protocol string into routes in preference order. InvalidArgument for unknown names.
+// Parses a protocol string into routes in preference order. InvalidArgument for unknown names
+// (the message lists the transports this build has).
 Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol);
+
+// How close a route is, from the transport registry: lower is closer (local, then device and shm,
+// then ucx, then tcp). Routes this build does not have rank last.
+int RoutePreference(RouteKind route);
 
 }  // namespace larder

@@ -284,8 +284,16 @@ void BindEngine(py::module_& module) {
       .def_readonly("epoch", &SegmentDescriptor::epoch)
       .def_readonly("engine_id", &SegmentDescriptor::engine_id)
       .def_readonly("host_id", &SegmentDescriptor::host_id)
-      .def_readonly("tcp_endpoint", &SegmentDescriptor::tcp_endpoint)
-      .def_readonly("shm_socket", &SegmentDescriptor::shm_socket)
+      .def_readonly("address", &SegmentDescriptor::address,
+                    "The owner engine's address (\"ip:port\").")
+      .def_property_readonly(
+          "transports",
+          [](const SegmentDescriptor& self) {
+            std::vector<std::string> names;
+            for (const auto& [name, blob] : self.transports) names.push_back(name);
+            return names;
+          },
+          "Names of the transports that export the segment, e.g. ['shm', 'tcp'].")
       .def_readonly("size", &SegmentDescriptor::size)
       .def_property_readonly("memory_kind",
                              [](const SegmentDescriptor& self) {
@@ -297,7 +305,7 @@ void BindEngine(py::module_& module) {
           [](const std::string& json) { return ValueOrThrow(SegmentDescriptor::FromJson(json)); },
           py::arg("json"), "Parses to_json's output. Raises InvalidArgumentError.")
       .def("__repr__", [](const SegmentDescriptor& self) {
-        return "<larder.SegmentDescriptor '" + self.name + "' at " + self.tcp_endpoint + ", " +
+        return "<larder.SegmentDescriptor '" + self.name + "' at " + self.address + ", " +
                std::to_string(self.size) + " bytes>";
       });
 

@@ -31,6 +31,15 @@ INVALID = -600  # INVALID_PARAMS
 NOT_FOUND = -704  # OBJECT_NOT_FOUND
 
 
+def auto_routes() -> list:
+    """What "auto" enables: local, shm and tcp, and ucx before tcp where it is built."""
+    try:
+        larder.parse_protocol("ucx")
+    except larder.InvalidArgumentError:
+        return ["local", "shm", "tcp"]
+    return ["local", "shm", "ucx", "tcp"]
+
+
 def bin_dir() -> pathlib.Path:
     env = os.environ.get("LARDER_BIN_DIR")
     return pathlib.Path(env) if env else BUILD_PYTHON_DIR.parent / "bin"

@@ -16,7 +16,7 @@ import pytest
 
 import larder
 import pd_workers
-from conftest import SHIM_DIR
+from conftest import SHIM_DIR, auto_routes
 from larder.compat import mooncake as compat
 from larder.compat.mooncake import _config
 
@@ -69,7 +69,7 @@ def test_unknown_protocol_runs_as_auto(te_module, monkeypatch):
     engine = te_module.TransferEngine()
     with pytest.warns(RuntimeWarning, match="'rdma'"):
         assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
-    assert engine._engine.routes == ["local", "shm", "tcp"]
+    assert engine._engine.routes == auto_routes()
     engine.close()
 
 

@@ -4,6 +4,7 @@
 import pytest
 
 import larder
+from conftest import auto_routes
 
 CLASSES = {
     larder.StatusCode.CANCELLED: larder.CancelledError,
@@ -97,7 +98,7 @@ def test_parse_duration():
 
 
 def test_protocols(monkeypatch):
-    assert larder.parse_protocol("auto") == ["local", "shm", "tcp"]
+    assert larder.parse_protocol("auto") == auto_routes()
     assert larder.parse_protocol("tcp") == ["tcp"]
     with pytest.raises(larder.InvalidArgumentError):
         larder.parse_protocol("rdma")

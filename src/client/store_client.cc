@@ -32,7 +32,6 @@ using client::MasterClient;
 using client::ObjectInfos;
 using client::OpenedSegment;
 using client::OpenedSegments;
-using client::RouteRank;
 using client::ScopedKey;
 using client::SingleSlices;
 using client::ValidateTenant;
@@ -588,7 +587,7 @@ class StoreClientImpl final : public StoreClient {
         continue;
       }
       auto route = engine_->SegmentRoute(*handle);
-      OpenedSegment segment{*handle, RouteRank(route.ok() ? *route : RouteKind::kTcp)};
+      OpenedSegment segment{*handle, RoutePreference(route.ok() ? *route : RouteKind::kTcp)};
       opened->Add(info.segment_id(), segment);
       std::lock_guard lock(cache_mu_);
       cache_[info.segment_id()] = segment;

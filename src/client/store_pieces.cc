@@ -13,18 +13,6 @@ Status BatchTooLarge(size_t items) {
                               "; split it");
 }
 
-int RouteRank(RouteKind route) {
-  switch (route) {
-    case RouteKind::kLocal:
-      return 0;
-    case RouteKind::kSameHostShm:
-    case RouteKind::kDevice:
-      return 1;
-    default:
-      return 2;
-  }
-}
-
 std::string ScopedKey(const std::string& tenant, std::string_view key) {
   if (tenant.empty() && !key.starts_with('\0')) return std::string(key);
   std::string scoped;
@@ -57,7 +45,7 @@ std::vector<Result<ObjectInfo>> ObjectInfos(const proto::BatchGetReplicasReply& 
   for (const proto::SegmentInfo& info : segments.segments()) {
     by_id[info.segment_id()] = &info;
     auto descriptor = SegmentDescriptor::FromJson(info.descriptor_json());
-    if (descriptor.ok()) endpoint_of[info.segment_id()] = descriptor->tcp_endpoint;
+    if (descriptor.ok()) endpoint_of[info.segment_id()] = descriptor->address;
   }
   std::vector<Status> statuses = ItemStatuses(n, reply.errors());
   int first = 0;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,9 +26,6 @@ namespace larder::client {
 constexpr size_t kMaxBatch = 65536;
 
 Status BatchTooLarge(size_t items);
-
-// Lower is better: same process, then same host, then the network.
-int RouteRank(RouteKind route);
 
 // The key the master stores for `key` of `tenant`: tenants' keys are "\0" + tenant + "\0" + key,
 // and a default-tenant key that starts with a NUL byte is stored as if of tenant "" ("\0\0" +
@@ -59,7 +57,7 @@ struct SingleSlices {
 
 struct OpenedSegment {
   SegmentHandle handle = 0;
-  int rank = 2;
+  int rank = std::numeric_limits<int>::max() - 1;  // RoutePreference of its route
 };
 
 // The segments one batch touches, by master segment id: a few, so a flat list beats a map.
@@ -80,7 +78,7 @@ class OpenedSegments {
   // Lower is better; segments that are not open rank last.
   int RankOf(uint64_t id) const {
     const OpenedSegment* segment = Find(id);
-    return segment == nullptr ? 3 : segment->rank;
+    return segment == nullptr ? std::numeric_limits<int>::max() : segment->rank;
   }
 
  private:

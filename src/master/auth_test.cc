@@ -131,7 +131,7 @@ TEST(MasterAuthTest, CallsWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
     proto::SegmentInfo* info = request.add_segments();
     info->set_name("rogue-seg");
     info->set_size(1ULL << 50);
-    info->set_descriptor_json(R"({"tcp_endpoint":"10.9.9.9:1"})");
+    info->set_descriptor_json(R"({"address":"10.9.9.9:1"})");
     expect_unauthenticated(stub->MountSegments(&context, request, &reply), "MountSegments");
   }
   {

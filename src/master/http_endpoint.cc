@@ -266,7 +266,7 @@ std::unordered_map<SegmentId, SegmentAddress> AddressesOf(const MasterState& sta
     address.endpoint = segment.name;
     auto j = nlohmann::json::parse(segment.descriptor, nullptr, /*allow_exceptions=*/false);
     if (j.is_object()) {
-      auto it = j.find("tcp_endpoint");
+      auto it = j.find("address");
       if (it != j.end() && it->is_string() && !it->get<std::string>().empty()) {
         address.endpoint = it->get<std::string>();
       }

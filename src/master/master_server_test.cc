@@ -122,7 +122,7 @@ TEST(MasterServerTest, MooncakeRoutesListSegmentsAndKeysAndQueryReplicas) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount with_endpoint{"seg-a", 0x10000, 1 << 20, R"({"tcp_endpoint":"10.0.0.1:7000"})"};
+  SegmentMount with_endpoint{"seg-a", 0x10000, 1 << 20, R"({"address":"10.0.0.1:7000"})"};
   SegmentMount without{"seg-b", 0x900000, 1 << 20, "{}"};
   ASSERT_TRUE(state.MountSegments("c", "h", std::span(&with_endpoint, 1))[0].ok());
   ASSERT_TRUE(state.MountSegments("d", "h2", std::span(&without, 1))[0].ok());

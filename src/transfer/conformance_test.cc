@@ -1,17 +1,15 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// The conformance suite every route passes: the same transfers, checked the same way, over
-// "local" (an engine reading its own segment), "shm" (a second engine in this process that maps
-// the owner's memfd after a real handoff over the abstract socket) and "tcp" (a second engine that
-// goes through the owner's data server), and "device" (the device transport over the emulated
-// device backend, in one engine). A new route earns its place by passing this file.
+// The conformance suite's tests (the fixture and how a transport takes part:
+// testing/conformance.h). Built once as larder_conformance_suite and linked into each test binary
+// that instantiates it: transfer_test for the transports every build has
+// (conformance_routes_test.cc), and the test of each optional transport for its own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <ostream>
 #include <random>
 #include <string>
 #include <thread>
@@ -19,139 +17,14 @@
 
 #include "common/net.h"
 #include "larder/transfer_engine.h"
-#include "transfer/device/emulated_device.h"
+#include "transfer/testing/conformance.h"
 #include "transfer/testing/test_util.h"
 
-namespace larder {
+namespace larder::testutil {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-using testutil::FillPattern;
-
-constexpr uint64_t kKiB = 1ULL << 10;
-constexpr uint64_t kMiB = 1ULL << 20;
-// Large enough for the 64 MiB transfers plus unaligned offsets around them.
-constexpr uint64_t kSegmentBytes = 128 * kMiB;
-
-struct RouteCase {
-  std::string name;  // "local", "shm", "tcp", "device"
-  RouteKind route;   // what SegmentRoute and TransferResult::route must report
-};
-
-std::string RouteCaseName(const ::testing::TestParamInfo<RouteCase>& info) {
-  return info.param.name;
-}
-
-// Lets failure messages say "tcp" instead of dumping the struct's bytes.
-void PrintTo(const RouteCase& route, std::ostream* os) { *os << route.name; }
-
-// A buffer that is not zero-filled on allocation (the tests fill it themselves, and zeroing
-// 64 MiB under ASan for nothing is slow).
-std::unique_ptr<uint8_t[]> Buffer(size_t size) {
-  return std::unique_ptr<uint8_t[]>(new uint8_t[size]);
-}
-
-class ConformanceTest : public ::testing::TestWithParam<RouteCase> {
- protected:
-  void SetUp() override { StartEngines(TransferEngineOptions{}); }
-  void TearDown() override { StopEngines(); }
-
-  // Builds the engines of the route under test. `initiator_options` tunes the engine that issues
-  // transfers (its protocol is set here); for "local" that engine is also the owner.
-  void StartEngines(TransferEngineOptions initiator_options) {
-    const RouteCase& route = GetParam();
-    if (route.name == "local" || route.name == "device") {
-      if (route.name == "device") {
-        // The device transport initializes on the allocating thread's current device. The
-        // emulated backend's current device is per thread, whichever instance sets it.
-        ASSERT_TRUE(transfer::EmulatedDevice().SetCurrentDevice(0).ok());
-      }
-      initiator_options.protocol = route.name;
-      auto engine = TransferEngine::Create(initiator_options);
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      target_ = std::move(engine).value();
-    } else {
-      TransferEngineOptions target_options;
-      target_options.protocol = "auto";
-      auto target = TransferEngine::Create(target_options);
-      ASSERT_TRUE(target.ok()) << target.status();
-      target_ = std::move(target).value();
-      initiator_options.protocol = route.name;
-      auto initiator = TransferEngine::Create(initiator_options);
-      ASSERT_TRUE(initiator.ok()) << initiator.status();
-      initiator_ = std::move(initiator).value();
-      ASSERT_NE(initiator_->id(), target_->id());
-    }
-    engine_ = initiator_ ? initiator_.get() : target_.get();
-
-    auto memory = target_->AllocateSegmentMemory(kSegmentBytes);
-    ASSERT_TRUE(memory.ok()) << memory.status();
-    memory_ = std::move(memory).value();
-    ASSERT_GE(memory_->size(), kSegmentBytes);
-    if (route.name == "device") {
-      EXPECT_EQ(memory_->kind(), MemoryKind::kDevice);
-    } else if (route.name != "local") {
-      EXPECT_EQ(memory_->kind(), MemoryKind::kMemfd);
-    }
-    auto id = target_->RegisterSegment("conformance", memory_);
-    ASSERT_TRUE(id.ok()) << id.status();
-
-    std::vector<SegmentDescriptor> segments = target_->ListSegments();
-    ASSERT_EQ(segments.size(), 1u);
-    EXPECT_EQ(segments[0].segment_id, *id);
-    EXPECT_EQ(segments[0].name, "conformance");
-    EXPECT_EQ(segments[0].size, memory_->size());
-    auto handle = engine_->OpenSegment(segments[0]);
-    ASSERT_TRUE(handle.ok()) << handle.status();
-    handle_ = *handle;
-
-    auto opened_route = engine_->SegmentRoute(handle_);
-    ASSERT_TRUE(opened_route.ok()) << opened_route.status();
-    ASSERT_EQ(*opened_route, route.route) << "route " << RouteKindName(*opened_route);
-  }
-
-  void StopEngines() {
-    engine_ = nullptr;
-    initiator_.reset();  // before the owner, so its connections and mappings go first
-    target_.reset();
-    memory_.reset();
-  }
-
-  uint8_t* SegmentBytes() const { return static_cast<uint8_t*>(memory_->data()); }
-
-  TransferRequest Request(TransferOp op, void* local, uint64_t offset, uint64_t length) const {
-    return TransferRequest{op, local, handle_, offset, length};
-  }
-
-  // Checks one finished request: OK, every byte moved, over the route under test.
-  ::testing::AssertionResult Succeeded(const TransferResult& result, uint64_t length) const {
-    if (!result.status.ok()) return ::testing::AssertionFailure() << result.status;
-    if (result.bytes != length) {
-      return ::testing::AssertionFailure() << "moved " << result.bytes << " of " << length;
-    }
-    if (result.route != GetParam().route) {
-      return ::testing::AssertionFailure() << "went over " << RouteKindName(result.route);
-    }
-    return ::testing::AssertionSuccess();
-  }
-
-  // Moves one request synchronously and checks its outcome.
-  ::testing::AssertionResult TransferOne(TransferOp op, void* local, uint64_t offset,
-                                         uint64_t length) {
-    TransferRequest request = Request(op, local, offset, length);
-    auto results = engine_->TransferSync({&request, 1});
-    if (!results.ok()) return ::testing::AssertionFailure() << results.status();
-    if (results->size() != 1) return ::testing::AssertionFailure() << "wrong result count";
-    return Succeeded((*results)[0], length);
-  }
-
-  std::unique_ptr<TransferEngine> target_;     // owns and exports the segment
-  std::unique_ptr<TransferEngine> initiator_;  // null for "local": target_ transfers itself
-  TransferEngine* engine_ = nullptr;           // the engine that issues transfers
-  std::shared_ptr<MemoryRegion> memory_;
-  SegmentHandle handle_ = 0;
-};
 
 TEST_P(ConformanceTest, DescribesTheOpenedSegment) {
   auto info = engine_->SegmentInfo(handle_);
@@ -159,7 +32,7 @@ TEST_P(ConformanceTest, DescribesTheOpenedSegment) {
   EXPECT_EQ(info->name, "conformance");
   EXPECT_EQ(info->size, memory_->size());
   EXPECT_EQ(info->engine_id, target_->id());
-  EXPECT_EQ(info->tcp_endpoint, target_->address());
+  EXPECT_EQ(info->address, target_->address());
 }
 
 TEST_P(ConformanceTest, DataIntegrityAcrossSizes) {
@@ -454,7 +327,7 @@ TEST_P(ConformanceTest, ResultsWhileRunningAreFailedPrecondition) {
 TEST_P(ConformanceTest, SmallBatchOfTheSameHostCompletesInsideSubmit) {
   // Same-host routes copy small batches inline, so Submit returns a finished batch; a network
   // route finishes it later, and Wait is how a caller finds out.
-  const bool same_host = GetParam().route != RouteKind::kTcp;
+  const bool same_host = GetParam().caps.completes_small_batches_inline;
   std::vector<uint8_t> source(4096);
   FillPattern(source.data(), source.size(), 8);
   TransferRequest request = Request(TransferOp::kWrite, source.data(), 4096, source.size());
@@ -543,13 +416,5 @@ TEST_P(ConformanceTest, ClosedHandleIsNotFound) {
   EXPECT_EQ(byte, 0x77);
 }
 
-INSTANTIATE_TEST_SUITE_P(Routes, ConformanceTest,
-                         ::testing::Values(RouteCase{"local", RouteKind::kLocal},
-                                           RouteCase{"shm", RouteKind::kSameHostShm},
-                                           RouteCase{"tcp", RouteKind::kTcp},
-                                           // The device transport on the emulated backend.
-                                           RouteCase{"device", RouteKind::kDevice}),
-                         RouteCaseName);
-
 }  // namespace
-}  // namespace larder
+}  // namespace larder::testutil

@@ -1,28 +1,44 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // Names of the public enums, the JSON form of segment descriptors, and protocol selection.
+#include <openssl/evp.h>
+
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"
 #include "larder/transfer_engine.h"
+#include "transfer/transport_registry.h"
 
 namespace larder {
+namespace {
 
-std::string_view RouteKindName(RouteKind route) {
-  switch (route) {
-    case RouteKind::kLocal:
-      return "local";
-    case RouteKind::kSameHostShm:
-      return "shm";
-    case RouteKind::kTcp:
-      return "tcp";
-    case RouteKind::kDevice:
-      return "device";
-    case RouteKind::kNone:
-      break;
-  }
-  return "none";
+// Transport blobs are bytes; the JSON form carries them as base64.
+std::string EncodeBlob(const std::string& blob) {
+  std::string out(4 * ((blob.size() + 2) / 3), '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(blob.data()),
+                          static_cast<int>(blob.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
 }
+
+Result<std::string> DecodeBlob(const std::string& text) {
+  if (text.size() % 4 != 0) return InvalidArgumentError("transport blob is not base64");
+  std::string out(3 * (text.size() / 4), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return InvalidArgumentError("transport blob is not base64");
+  size_t padding = 0;
+  if (!text.empty() && text.back() == '=') ++padding;
+  if (text.size() >= 2 && text[text.size() - 2] == '=') ++padding;
+  out.resize(static_cast<size_t>(n) - padding);
+  return out;
+}
+
+}  // namespace
 
 std::string_view MemoryKindName(MemoryKind kind) {
   switch (kind) {
@@ -37,17 +53,19 @@ std::string_view MemoryKindName(MemoryKind kind) {
 }
 
 std::string SegmentDescriptor::ToJson() const {
+  nlohmann::json blobs = nlohmann::json::object();
+  for (const auto& [transport, blob] : transports) blobs[transport] = EncodeBlob(blob);
   nlohmann::json j = {
       {"segment_id", segment_id},
       {"name", name},
       {"epoch", epoch},
       {"engine_id", engine_id},
       {"host_id", host_id},
-      {"tcp_endpoint", tcp_endpoint},
-      {"shm_socket", shm_socket},
+      {"address", address},
       {"size", size},
       {"memory_kind", std::string(MemoryKindName(memory_kind))},
       {"page_size", page_size},
+      {"transports", blobs},
   };
   return j.dump();
 }
@@ -78,8 +96,28 @@ Result<SegmentDescriptor> SegmentDescriptor::FromJson(std::string_view json) {
   LARDER_RETURN_IF_ERROR(get_str("name", &d.name));
   LARDER_RETURN_IF_ERROR(get_str("engine_id", &d.engine_id));
   LARDER_RETURN_IF_ERROR(get_str("host_id", &d.host_id));
-  LARDER_RETURN_IF_ERROR(get_str("tcp_endpoint", &d.tcp_endpoint));
-  LARDER_RETURN_IF_ERROR(get_str("shm_socket", &d.shm_socket));
+  LARDER_RETURN_IF_ERROR(get_str("address", &d.address));
+  auto blobs = j.find("transports");
+  if (blobs == j.end() || !blobs->is_object()) {
+    return InvalidArgumentError("segment descriptor lacks object 'transports'");
+  }
+  if (blobs->size() > kMaxTransports) {
+    return InvalidArgumentError("segment descriptor names " + std::to_string(blobs->size()) +
+                                " transports (at most " + std::to_string(kMaxTransports) + ")");
+  }
+  for (auto it = blobs->begin(); it != blobs->end(); ++it) {
+    if (!it.value().is_string() || it.key().empty() || it.key().size() > RouteKind::kMaxNameBytes) {
+      return InvalidArgumentError("segment descriptor has a malformed transport entry");
+    }
+    const std::string& text = it.value().get_ref<const std::string&>();
+    if (text.size() > 4 * ((kMaxBlobBytes + 2) / 3)) {
+      return InvalidArgumentError("segment descriptor's " + it.key() + " blob exceeds " +
+                                  std::to_string(kMaxBlobBytes) + " bytes");
+    }
+    auto blob = DecodeBlob(text);
+    if (!blob.ok()) return blob.status().WithContext("transport " + it.key());
+    d.transports.emplace(it.key(), std::move(blob).value());
+  }
   // Descriptors from engines that predate page sizes describe normal pages.
   if (j.contains("page_size")) {
     LARDER_RETURN_IF_ERROR(get_u64("page_size", &d.page_size));
@@ -131,7 +169,7 @@ std::string EngineStats::ToJson() const {
   for (const PeerTransferStats& peer : peers) {
     list.push_back({{"engine_id", peer.engine_id},
                     {"host_id", peer.host_id},
-                    {"tcp_endpoint", peer.tcp_endpoint},
+                    {"address", peer.address},
                     {"route", std::string(RouteKindName(peer.route))},
                     {"reads", counters(peer.reads)},
                     {"writes", counters(peer.writes)}});
@@ -156,41 +194,15 @@ std::string ResolveProtocol(EngineRole role, const std::string& configured) {
 }
 
 Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol) {
-  bool enabled[5] = {false, false, false, false, false};
-  size_t start = 0;
-  bool any = false;
-  while (start <= protocol.size()) {
-    size_t comma = protocol.find(',', start);
-    std::string_view name = protocol.substr(
-        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
-    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
-    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
-    if (name == "auto") {
-      enabled[1] = enabled[2] = enabled[3] = true;
-    } else if (name == "local") {
-      enabled[1] = true;
-    } else if (name == "shm") {
-      enabled[2] = true;
-    } else if (name == "tcp") {
-      enabled[3] = true;
-    } else if (name == "device") {
-      enabled[4] = true;
-    } else {
-      return InvalidArgumentError("unknown protocol '" + std::string(name) + "' in '" +
-                                  std::string(protocol) +
-                                  "' (use auto, local, shm, tcp, device or a comma list)");
-    }
-    any = true;
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  if (!any) return InvalidArgumentError("empty protocol");
+  LARDER_ASSIGN_OR_RETURN(auto selected, transfer::TransportRegistry::Global().Select(protocol));
   std::vector<RouteKind> routes;
-  // Preference is fixed: the closest route that reaches a peer always wins.
-  for (int r = 1; r <= 4; ++r) {
-    if (enabled[r]) routes.push_back(static_cast<RouteKind>(r));
-  }
+  for (const auto& s : selected) routes.emplace_back(s.factory->name);
   return routes;
+}
+
+int RoutePreference(RouteKind route) {
+  const transfer::TransportFactory* f = transfer::TransportRegistry::Global().Find(route.name());
+  return f == nullptr ? std::numeric_limits<int>::max() : f->preference;
 }
 
 }  // namespace larder

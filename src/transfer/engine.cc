@@ -19,11 +19,11 @@
 #include "common/net.h"
 #include "common/thread_pool.h"
 #include "transfer/batch.h"
+#include "transfer/bootstrap.h"
 #include "transfer/engine_internal.h"
 #include "transfer/segment_exports.h"
-#include "transfer/tcp/tcp_client.h"
-#include "transfer/tcp/tcp_server.h"
 #include "transfer/transport_registry.h"
+#include "transfer/wire/server.h"
 
 namespace larder {
 namespace transfer {
@@ -32,8 +32,8 @@ namespace transfer {
 struct PeerCounters {
   std::string engine_id;
   std::string host_id;
-  std::string tcp_endpoint;
-  RouteKind route = RouteKind::kNone;
+  std::string address;
+  RouteKind route;
   struct Op {
     std::atomic<uint64_t> requests{0};
     std::atomic<uint64_t> bytes{0};
@@ -53,7 +53,7 @@ struct OpenedSegment {
   SegmentDescriptor descriptor;
   struct Route {
     Transport* transport = nullptr;
-    RouteKind kind = RouteKind::kNone;      // transport->route(), cached for the hot path
+    RouteKind kind;                         // transport->route(), cached for the hot path
     std::shared_ptr<RemoteSegment> remote;  // null until opened
     bool failed = false;                    // open was tried and failed
     PeerCounters* counters = nullptr;       // owned by the engine
@@ -109,7 +109,7 @@ class Engine final : public TransferEngine, public SliceCallback {
 
   const std::string& id() const override { return context_.engine_id; }
   const std::string& host_id() const override { return context_.host_id; }
-  std::string address() const override { return context_.tcp_endpoint; }
+  std::string address() const override { return context_.engine_address; }
   std::vector<RouteKind> routes() const override {
     std::vector<RouteKind> out;
     for (const auto& t : transports_) out.push_back(t->route());
@@ -173,7 +173,7 @@ class Engine final : public TransferEngine, public SliceCallback {
   EngineContext context_;
   SegmentExports exports_;
   std::unique_ptr<ThreadPool> copy_pool_;
-  std::unique_ptr<tcp::TcpDataServer> server_;
+  std::unique_ptr<wire::FrameServer> server_;
   bool check_local_registration_ = false;
 
   mutable std::shared_mutex opened_mu_;
@@ -197,7 +197,7 @@ PeerCounters* Engine::CountersFor(const SegmentDescriptor& descriptor, RouteKind
     slot = std::make_unique<PeerCounters>();
     slot->engine_id = descriptor.engine_id;
     slot->host_id = descriptor.host_id;
-    slot->tcp_endpoint = descriptor.tcp_endpoint;
+    slot->address = descriptor.address;
     slot->route = route;
   }
   return slot.get();
@@ -211,7 +211,7 @@ EngineStats Engine::Stats() const {
       PeerTransferStats peer;
       peer.engine_id = c->engine_id;
       peer.host_id = c->host_id;
-      peer.tcp_endpoint = c->tcp_endpoint;
+      peer.address = c->address;
       peer.route = c->route;
       peer.reads = c->reads.Load();
       peer.writes = c->writes.Load();
@@ -263,10 +263,14 @@ Status Engine::Init() {
   context_.copy_pool = copy_pool_.get();
 
   LARDER_ASSIGN_OR_RETURN(HostPort listen, ParseHostPort(options_.listen_address));
-  server_ = std::make_unique<tcp::TcpDataServer>(context_);
-  LARDER_RETURN_IF_ERROR(server_->Start(listen));
-  context_.tcp_endpoint = AdvertisedHost(listen.host) + ":" + std::to_string(server_->port());
-  server_->set_advertised_endpoint(context_.tcp_endpoint);
+  context_.listen_host = listen.host;
+  context_.advertised_host = AdvertisedHost(listen.host);
+  server_ = std::make_unique<wire::FrameServer>(context_);
+  LARDER_RETURN_IF_ERROR(server_->Listen(listen));
+  context_.engine_address = context_.advertised_host + ":" + std::to_string(server_->port());
+  context_.frame_server = server_.get();
+  server_->set_advertised_endpoint(context_.engine_address);
+  ServeDescriptors(server_.get(), &exports_);
 
   check_local_registration_ = options_.require_local_registration;
   std::string names;
@@ -276,8 +280,8 @@ Status Engine::Init() {
     check_local_registration_ |= t->caps().needs_local_registration;
     names += (names.empty() ? "" : ",") + std::string(t->name());
   }
-  Log().info("engine {} up: data server {}, routes [{}]", context_.engine_id, context_.tcp_endpoint,
-             names);
+  server_->Serve();
+  Log().info("engine {} up at {}, routes [{}]", context_.engine_id, context_.engine_address, names);
   return Status();
 }
 
@@ -286,12 +290,9 @@ Result<std::shared_ptr<MemoryRegion>> Engine::AllocateSegmentMemory(size_t size)
   Transport* chosen = nullptr;
   for (auto& t : transports_) {
     if (!t->caps().allocates_exportable_memory) continue;
-    // A device protocol means segments live in device memory; otherwise a memfd reaches every
-    // CPU route, so shm's allocator wins whenever shm is enabled.
-    auto rank = [](RouteKind r) {
-      return r == RouteKind::kDevice ? 2 : r == RouteKind::kSameHostShm ? 1 : 0;
-    };
-    if (chosen == nullptr || rank(t->route()) > rank(chosen->route())) chosen = t.get();
+    if (chosen == nullptr || t->caps().allocation_rank > chosen->caps().allocation_rank) {
+      chosen = t.get();
+    }
   }
   if (chosen == nullptr) {
     return FailedPreconditionError("no enabled transport can allocate segment memory");
@@ -322,19 +323,38 @@ Result<SegmentId> Engine::Export(std::string name, uint8_t* base, uint64_t size,
   d.name = std::move(name);
   d.engine_id = context_.engine_id;
   d.host_id = context_.host_id;
-  d.tcp_endpoint = context_.tcp_endpoint;
+  d.address = context_.engine_address;
   d.size = size;
   d.memory_kind = kind;
   d.page_size = page_size;
-  for (auto& t : transports_) t->Describe(&d);
+  if (base == nullptr || size == 0) {
+    return InvalidArgumentError("segment '" + d.name + "' has no memory");
+  }
+  LARDER_RETURN_IF_ERROR(exports_.Reserve(&d));
+  const SegmentId id = d.segment_id;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    Transport& t = *transports_[i];
+    Result<std::string> blob = t.Export(d, base);
+    if (!blob.ok()) {
+      for (size_t k = 0; k < i; ++k) transports_[k]->Unexport(id);
+      exports_.Abandon(d.name);
+      return blob.status().WithContext("exporting segment '" + d.name + "' through " +
+                                       std::string(t.name()));
+    }
+    if (!blob->empty()) d.transports.emplace(std::string(t.name()), std::move(blob).value());
+  }
   std::string label = d.name;
-  LARDER_ASSIGN_OR_RETURN(SegmentId id, exports_.Add(std::move(d), base, std::move(memory)));
+  exports_.Publish(std::move(d), base, std::move(memory));
   Log().info("exported segment '{}' (id {}, {} bytes, {}, {} pages) from engine {}", label, id,
              size, MemoryKindName(kind), FormatByteSize(page_size), context_.engine_id);
   return id;
 }
 
-Status Engine::UnregisterSegment(SegmentId id) { return exports_.Remove(id); }
+Status Engine::UnregisterSegment(SegmentId id) {
+  LARDER_RETURN_IF_ERROR(exports_.Remove(id));
+  for (auto& t : transports_) t->Unexport(id);
+  return Status();
+}
 
 Status Engine::RegisterLocalMemory(void* ptr, size_t size) {
   if (ptr == nullptr || size == 0)
@@ -379,7 +399,7 @@ bool Engine::LocalRangeRegistered(const void* ptr, uint64_t length) const {
 Result<std::vector<SegmentDescriptor>> Engine::ListPeerSegments(const std::string& address,
                                                                 std::chrono::milliseconds timeout) {
   LARDER_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address));
-  return tcp::FetchDescriptors(hp, context_, Clock::now() + timeout);
+  return FetchDescriptors(hp, context_, Clock::now() + timeout);
 }
 
 Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
@@ -392,11 +412,10 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
       auto remote = t->Open(descriptor);
       if (!remote.ok()) {
         last = remote.status();
-        if (t->route() == RouteKind::kSameHostShm) {
-          WarnOnce("shm-fallback/" + descriptor.engine_id,
-                   "shm handoff to engine " + descriptor.engine_id + " failed (" + last.ToString() +
-                       "); falling back to the next route");
-        }
+        WarnOnce(std::string(t->name()) + "-fallback/" + descriptor.engine_id,
+                 "opening segment '" + descriptor.name + "' of engine " + descriptor.engine_id +
+                     " on " + std::string(t->name()) + " failed (" + last.ToString() +
+                     "); trying the next route");
         continue;
       }
       opened->routes.push_back({t.get(), t->route(), std::move(remote).value(), false,
@@ -634,7 +653,7 @@ void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status,
     } else {
       p.bytes.fetch_add(slice->length, std::memory_order_relaxed);
     }
-    p.route.store(static_cast<uint8_t>(route), std::memory_order_relaxed);
+    p.route.store(static_cast<uint8_t>(slice->attempt + 1), std::memory_order_relaxed);
   } else {
     std::lock_guard lock(batch->mu);
     if (p.status.ok()) {
@@ -699,7 +718,12 @@ Result<std::vector<TransferResult>> Engine::Results(BatchId id) {
   for (size_t i = 0; i < batch->count; ++i) {
     out[i].status = batch->progress[i].status;
     out[i].bytes = batch->progress[i].bytes.load(std::memory_order_relaxed);
-    out[i].route = static_cast<RouteKind>(batch->progress[i].route.load(std::memory_order_relaxed));
+    // progress.route is 1 + the index of the route (in the request's segment) that moved bytes.
+    uint8_t used = batch->progress[i].route.load(std::memory_order_relaxed);
+    const OpenedSegment* segment = batch->request_segment[i];
+    if (used != 0 && segment != nullptr && used <= segment->routes.size()) {
+      out[i].route = segment->routes[used - 1].kind;
+    }
   }
   return out;
 }
@@ -724,12 +748,13 @@ Result<std::vector<std::unique_ptr<Transport>>> CreateTransports(
     const std::vector<RouteKind>& routes) {
   std::vector<std::unique_ptr<Transport>> transports;
   for (RouteKind route : routes) {
-    const TransportFactory* factory = TransportRegistry::Global().Find(route);
+    const TransportFactory* factory = TransportRegistry::Global().Find(route.name());
     if (factory == nullptr) {
-      return UnimplementedError("no transport for route " + std::string(RouteKindName(route)) +
-                                " is built into this binary");
+      return UnimplementedError("no transport '" + std::string(route.name()) +
+                                "' is built into this binary (it has: " +
+                                TransportRegistry::Global().ProtocolNames() + ")");
     }
-    transports.push_back(factory->create());
+    transports.push_back(factory->create(TransportSelection{.named = true}));
   }
   return transports;
 }
@@ -747,8 +772,11 @@ Result<std::unique_ptr<TransferEngine>> CreateEngineWithTransports(
 Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     const TransferEngineOptions& options) {
   std::string protocol = ResolveProtocol(options.role, options.protocol);
-  LARDER_ASSIGN_OR_RETURN(auto routes, ParseProtocol(protocol));
-  LARDER_ASSIGN_OR_RETURN(auto transports, transfer::CreateTransports(routes));
+  LARDER_ASSIGN_OR_RETURN(auto selected, transfer::TransportRegistry::Global().Select(protocol));
+  std::vector<std::unique_ptr<transfer::Transport>> transports;
+  for (const transfer::SelectedTransport& s : selected) {
+    transports.push_back(s.factory->create(s.selection));
+  }
   return transfer::CreateEngineWithTransports(options, std::move(transports));
 }
 

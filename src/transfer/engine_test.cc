@@ -8,8 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +35,15 @@ std::unique_ptr<TransferEngine> CreateEngine(TransferEngineOptions options) {
   auto engine = TransferEngine::Create(options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+// What "auto" enables: local, shm and tcp in every build, and ucx between shm and tcp in builds
+// that have it.
+std::vector<RouteKind> AutoRoutes() {
+  std::vector<RouteKind> routes{RouteKind::kLocal, RouteKind::kSameHostShm};
+  if (ParseProtocol("ucx").ok()) routes.emplace_back("ucx");
+  routes.push_back(RouteKind::kTcp);
+  return routes;
 }
 
 TransferEngineOptions WithProtocol(std::string protocol) {
@@ -564,7 +575,7 @@ TEST(EngineShmPolicyTest, CallerOwnedSegmentsAreNotSharedOverShm) {
   ASSERT_TRUE(owner->RegisterSegment("heap", caller_owned.data(), caller_owned.size()).ok());
   SegmentDescriptor descriptor = owner->ListSegments().at(0);
   EXPECT_EQ(descriptor.memory_kind, MemoryKind::kAnonymous);
-  EXPECT_TRUE(descriptor.shm_socket.empty());
+  EXPECT_EQ(descriptor.TransportBlob("shm"), nullptr);
 
   auto peer = CreateEngine(WithProtocol("auto"));
   ASSERT_TRUE(peer);
@@ -683,15 +694,17 @@ TEST_F(ProtocolResolutionTest, CreateUsesTheRolesVariable) {
   TransferEngineOptions standalone;  // LARDER_PROTOCOL unset: auto
   auto standalone_engine = CreateEngine(standalone);
   ASSERT_TRUE(standalone_engine);
-  EXPECT_EQ(standalone_engine->routes(),
-            (std::vector<RouteKind>{RouteKind::kLocal, RouteKind::kSameHostShm, RouteKind::kTcp}));
+  EXPECT_EQ(standalone_engine->routes(), AutoRoutes());
 }
 
 TEST(ParseProtocolTest, KnownNames) {
   auto all = ParseProtocol("auto");
   ASSERT_TRUE(all.ok()) << all.status();
-  EXPECT_EQ(*all,
-            (std::vector<RouteKind>{RouteKind::kLocal, RouteKind::kSameHostShm, RouteKind::kTcp}));
+  EXPECT_EQ(*all, AutoRoutes());
+  // Every build has these; ucx sits between shm and tcp where it is built.
+  EXPECT_LT(RoutePreference(RouteKind::kLocal), RoutePreference(RouteKind::kSameHostShm));
+  EXPECT_LT(RoutePreference(RouteKind::kSameHostShm), RoutePreference(RouteKind::kTcp));
+  EXPECT_EQ(RoutePreference(RouteKind("bogus")), std::numeric_limits<int>::max());
   auto pair = ParseProtocol("shm,tcp");
   ASSERT_TRUE(pair.ok()) << pair.status();
   EXPECT_EQ(*pair, (std::vector<RouteKind>{RouteKind::kSameHostShm, RouteKind::kTcp}));
@@ -704,13 +717,26 @@ TEST(ParseProtocolTest, KnownNames) {
   EXPECT_EQ(*reversed, (std::vector<RouteKind>{RouteKind::kLocal, RouteKind::kTcp}));
 }
 
+TEST(ParseProtocolTest, DeviceIsNeverInAuto) {
+  auto all = ParseProtocol("auto");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(std::count(all->begin(), all->end(), RouteKind::kDevice), 0);
+  auto both = ParseProtocol("tcp,device");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(*both, (std::vector<RouteKind>{RouteKind::kDevice, RouteKind::kTcp}));
+}
+
 TEST(ParseProtocolTest, UnknownNamesAreInvalidArgument) {
   for (const char* bad : {"bogus", "", "shm,bogus", "shm,,tcp", "rdma", "tcp;shm"}) {
     auto parsed = ParseProtocol(bad);
     ASSERT_FALSE(parsed.ok()) << "'" << bad << "'";
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << bad;
   }
-  EXPECT_NE(ParseProtocol("bogus").status().message().find("bogus"), std::string::npos);
+  std::string message = ParseProtocol("bogus").status().message();
+  EXPECT_NE(message.find("bogus"), std::string::npos);
+  // The message lists what this build has.
+  EXPECT_NE(message.find("auto, local"), std::string::npos) << message;
+  EXPECT_NE(message.find("tcp"), std::string::npos) << message;
 }
 
 TEST(EngineCreateTest, BadOptionsAreInvalidArgument) {
@@ -872,7 +898,8 @@ class SilentPeerTest : public ::testing::Test {
     descriptor_.epoch = 1;
     descriptor_.engine_id = "elsewhere/1/0";
     descriptor_.host_id = "elsewhere";
-    descriptor_.tcp_endpoint = "127.0.0.1:" + std::to_string(port);
+    descriptor_.address = "127.0.0.1:" + std::to_string(port);
+    descriptor_.transports["tcp"] = descriptor_.address;
     descriptor_.size = kSegmentBytes;
     engine_ = CreateEngine(WithProtocol("auto"));
     ASSERT_TRUE(engine_);

@@ -7,24 +7,35 @@
 
 namespace larder::transfer {
 
-Result<SegmentId> SegmentExports::Add(SegmentDescriptor descriptor, uint8_t* base,
-                                      std::shared_ptr<MemoryRegion> memory) {
-  if (descriptor.name.empty()) return InvalidArgumentError("segment name must not be empty");
-  if (base == nullptr || descriptor.size == 0) {
-    return InvalidArgumentError("segment '" + descriptor.name + "' has no memory");
-  }
+Status SegmentExports::Reserve(SegmentDescriptor* descriptor) {
+  if (descriptor->name.empty()) return InvalidArgumentError("segment name must not be empty");
   std::unique_lock lock(mu_);
+  if (reserved_.count(descriptor->name) != 0) {
+    return AlreadyExistsError("segment '" + descriptor->name + "' is being registered");
+  }
   for (const auto& [id, segment] : segments_) {
-    if (segment.descriptor.name == descriptor.name) {
-      return AlreadyExistsError("segment '" + descriptor.name + "' is already registered (id " +
+    if (segment.descriptor.name == descriptor->name) {
+      return AlreadyExistsError("segment '" + descriptor->name + "' is already registered (id " +
                                 std::to_string(id) + ")");
     }
   }
-  descriptor.segment_id = next_id_++;
-  descriptor.epoch = RandomU64();
+  descriptor->segment_id = next_id_++;
+  descriptor->epoch = RandomU64();
+  reserved_.insert(descriptor->name);
+  return Status();
+}
+
+void SegmentExports::Publish(SegmentDescriptor descriptor, uint8_t* base,
+                             std::shared_ptr<MemoryRegion> memory) {
+  std::unique_lock lock(mu_);
+  reserved_.erase(descriptor.name);
   SegmentId id = descriptor.segment_id;
   segments_.emplace(id, ExportedSegment{std::move(descriptor), base, std::move(memory)});
-  return id;
+}
+
+void SegmentExports::Abandon(const std::string& name) {
+  std::unique_lock lock(mu_);
+  reserved_.erase(name);
 }
 
 Status SegmentExports::Remove(SegmentId id) {

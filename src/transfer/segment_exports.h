@@ -1,13 +1,14 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// The segments an engine exports, looked up by id by every server (tcp data server, shm handoff)
-// and by the local route. Thread-safe: readers run under a shared lock, so a segment cannot be
-// unregistered while a copy into it is running.
+// The segments an engine exports, looked up by id by every server (the bootstrap service, the tcp
+// data handlers, the shm handoff) and by the local route. Thread-safe: readers run under a shared
+// lock, so a segment cannot be unregistered while a copy into it is running.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -25,9 +26,14 @@ struct ExportedSegment {
 
 class SegmentExports {
  public:
-  // Adds a segment described by `descriptor` (its id and epoch are assigned here).
-  Result<SegmentId> Add(SegmentDescriptor descriptor, uint8_t* base,
-                        std::shared_ptr<MemoryRegion> memory);
+  // Assigns the id and epoch of a new segment named descriptor->name and holds that name, so that
+  // transports can export the segment before anyone can see it. InvalidArgument for an empty
+  // name; AlreadyExists when the name is taken or being registered.
+  Status Reserve(SegmentDescriptor* descriptor);
+  // Makes a reserved segment visible: listed, and accessible at [base, base + size).
+  void Publish(SegmentDescriptor descriptor, uint8_t* base, std::shared_ptr<MemoryRegion> memory);
+  // Drops a reservation that will not be published.
+  void Abandon(const std::string& name);
   // Waits for running accesses, then removes. NotFound for unknown ids.
   Status Remove(SegmentId id);
   std::vector<SegmentDescriptor> List() const;
@@ -58,6 +64,7 @@ class SegmentExports {
 
   mutable std::shared_mutex mu_;
   std::map<SegmentId, ExportedSegment> segments_;  // guarded by mu_
+  std::set<std::string> reserved_;                 // guarded by mu_
   SegmentId next_id_ = 1;                          // guarded by mu_
 };
 

@@ -1,8 +1,11 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// The transport interface: what every route (local, shm, tcp, and later device or ucx) implements.
-// A transport is small: capabilities, allocation, registration, open, submit. The engine owns
-// batching, slicing, deadlines, route choice and retries; a transport only moves slices.
+// The transport interface: what every route (local, shm, tcp, device, ucx) implements. A transport
+// is small: capabilities, allocation, registration, export, open, submit. The engine owns batching,
+// slicing, deadlines, route choice and retries; a transport only moves slices. A transport owns its
+// identity: what a peer needs to reach it (an endpoint, a socket name, a worker address and rkey)
+// is an opaque blob it publishes in the descriptor of each segment it exports (Export) and reads
+// back on the peer (CanReach, Open). Nothing outside its folder parses that blob.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,9 @@ class ThreadPool;
 namespace transfer {
 
 class SegmentExports;
+namespace wire {
+class FrameServer;
+}
 
 // What a transport gets from its engine when it starts. Pointers outlive the transport.
 struct EngineContext {
@@ -32,11 +38,26 @@ struct EngineContext {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_ca_file;
-  std::string tcp_endpoint;  // the engine's data server, "ip:port"
+  std::string listen_host;      // host of options.listen_address: where servers bind
+  std::string advertised_host;  // the address peers dial for this host (listen_host, or a real
+                                // interface's address when listen_host is 0.0.0.0)
+  std::string engine_address;   // the engine's bootstrap service, "ip:port" (its address())
   const TransferEngineOptions* options = nullptr;
   HugePages huge_pages = HugePages::kOff;  // resolved from options and LARDER_HUGE_PAGES
   SegmentExports* exports = nullptr;
   ThreadPool* copy_pool = nullptr;
+  // The engine's frame server at engine_address (transfer/wire/server.h): transports that speak
+  // the frame protocol (tcp) register their request handlers on it in Start, and are reached at
+  // the same port as the bootstrap service.
+  wire::FrameServer* frame_server = nullptr;
+};
+
+// How the engine's protocol selected a transport.
+struct TransportSelection {
+  // The protocol named this transport ("ucx", "shm,tcp"), rather than only including it through
+  // "auto". Transports that "auto" uses only for some peers (ucx: RDMA lanes) reach every peer
+  // they can when named.
+  bool named = true;
 };
 
 // A piece of one request, the unit that transports move and the engine retries.
@@ -79,14 +100,19 @@ struct TransportCaps {
   bool needs_local_registration = false;
   // Can allocate memory that peers reach through this transport (Allocate is implemented).
   bool allocates_exportable_memory = false;
+  // Among the enabled transports that allocate, AllocateSegmentMemory uses the one with the
+  // highest rank (device memory beats a memfd, which reaches every CPU route, beats anonymous
+  // memory).
+  int allocation_rank = 0;
 };
 
 class Transport {
  public:
   virtual ~Transport() = default;
 
+  // The transport's registry name, which is also its route's name (RouteKind(name())).
   virtual std::string_view name() const = 0;
-  virtual RouteKind route() const = 0;
+  RouteKind route() const { return RouteKind(name()); }
   virtual TransportCaps caps() const { return {}; }
 
   // Starts servers or threads. Called once, before any other call but name/route/caps.
@@ -103,8 +129,18 @@ class Transport {
     (void)huge_pages;
     return UnimplementedError(std::string(name()) + " does not allocate segment memory");
   }
-  // Adds this transport's export details (e.g. the shm socket) to a descriptor of our own segment.
-  virtual void Describe(SegmentDescriptor* descriptor) const { (void)descriptor; }
+  // Exports one of our segments, [base, base + descriptor.size) (its id, name, memory kind and
+  // page size are set), through this transport and returns the blob peers need to reach it.
+  // Empty: this transport does not export that segment (e.g. shm and anonymous memory). An error
+  // fails the registration.
+  virtual Result<std::string> Export(const SegmentDescriptor& descriptor, uint8_t* base) {
+    (void)descriptor;
+    (void)base;
+    return std::string();
+  }
+  // The segment was unregistered (no transfer of ours touches it any more): let go of what Export
+  // set up, so that peers can no longer reach its memory through this transport.
+  virtual void Unexport(SegmentId id) { (void)id; }
   // Adds what this transport holds (e.g. mapped peer segments) to the engine's stats.
   virtual void AddStats(EngineStats* stats) const { (void)stats; }
 
@@ -118,7 +154,8 @@ class Transport {
     return Status();
   }
 
-  // Whether this transport could reach the segment at all (cheap; no I/O).
+  // Whether this transport could reach the segment at all (cheap; no I/O). Reads this transport's
+  // blob in the descriptor, which is hostile input: a malformed one means "cannot reach".
   virtual bool CanReach(const SegmentDescriptor& descriptor) const = 0;
   // Opens the segment on this route (may do I/O: the shm handoff). Errors say why the route
   // cannot be used; the engine then tries the next one.

@@ -1,14 +1,16 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// Transports register a factory here under their name and route; the engine builds the ones its
-// protocol enables. Which transports exist is decided by which files the build compiles, never by
-// #ifdefs in the engine. Thread-safe.
+// Transports register a factory here under their name; the engine builds the ones its protocol
+// enables. The registry is the only place that knows which transports exist, how "auto" ranks
+// them, and which protocol names are valid: which transports exist is decided by which files the
+// build compiles, never by #ifdefs or switches in the engine. Thread-safe.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "transfer/transport.h"
@@ -16,30 +18,48 @@
 namespace larder::transfer {
 
 struct TransportFactory {
-  std::string name;
-  RouteKind route = RouteKind::kNone;
-  std::function<std::unique_ptr<Transport>()> create;
+  std::string name;  // also the route's name; at most RouteKind::kMaxNameBytes
+  // Routes are tried in ascending preference: the closest route that reaches a peer wins.
+  int preference = 0;
+  // Whether "auto" enables this transport.
+  bool in_auto = true;
+  std::function<std::unique_ptr<Transport>(const TransportSelection&)> create;
+};
+
+// One transport that a protocol string enables.
+struct SelectedTransport {
+  const TransportFactory* factory = nullptr;
+  TransportSelection selection;
 };
 
 class TransportRegistry {
  public:
   static TransportRegistry& Global();
 
+  // Aborts on a duplicate or over-long name: both are programming errors of a build.
   void Register(TransportFactory factory);
-  // Null when no transport serves `route`.
-  const TransportFactory* Find(RouteKind route) const;
-  std::vector<std::string> Names() const;
+  // Null when no transport is named `name`.
+  const TransportFactory* Find(std::string_view name) const;
+  // The transports that `protocol` enables ("auto", names, or a comma list of both), in
+  // preference order. InvalidArgument for an empty protocol or an unknown name (listing the
+  // names this build has).
+  Result<std::vector<SelectedTransport>> Select(std::string_view protocol) const;
+  // "auto, local, shm, tcp, ..." in preference order: what a protocol string may name.
+  std::string ProtocolNames() const;
 
  private:
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<TransportFactory>> factories_;  // guarded by mu_
+  std::vector<std::unique_ptr<TransportFactory>> factories_;  // guarded by mu_, by preference
 };
 
 }  // namespace larder::transfer
 
-// Registers `factory_fn` (returning std::unique_ptr<Transport>) at static-initialization time.
-#define LARDER_REGISTER_TRANSPORT(name, route, factory_fn)                                \
-  [[maybe_unused]] static const bool larder_transport_registered_##name = [] {            \
-    ::larder::transfer::TransportRegistry::Global().Register({#name, route, factory_fn}); \
-    return true;                                                                          \
+// Registers a transport at static-initialization time: `name` (an identifier, also the route's
+// name), its preference for route choice, whether "auto" includes it, and `factory_fn`
+// (const TransportSelection& -> std::unique_ptr<Transport>).
+#define LARDER_REGISTER_TRANSPORT(name, preference, in_auto, factory_fn)       \
+  [[maybe_unused]] static const bool larder_transport_registered_##name = [] { \
+    ::larder::transfer::TransportRegistry::Global().Register(                  \
+        {#name, preference, in_auto, factory_fn});                             \
+    return true;                                                               \
   }()

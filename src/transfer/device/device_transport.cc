@@ -43,10 +43,10 @@ class DeviceTransport final : public Transport {
       : backend_(std::move(backend)), coverage_(backend_->registration_granularity()) {}
 
   std::string_view name() const override { return "device"; }
-  RouteKind route() const override { return RouteKind::kDevice; }
   TransportCaps caps() const override {
     return {.needs_local_registration = !backend_->reads_unregistered_host_memory(),
-            .allocates_exportable_memory = true};
+            .allocates_exportable_memory = true,
+            .allocation_rank = 2};
   }
 
   Status Start(const EngineContext& context) override {
@@ -194,7 +194,10 @@ std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> 
 
 std::shared_ptr<DeviceBackend> DefaultDeviceBackend() { return std::make_shared<EmulatedDevice>(); }
 
-LARDER_REGISTER_TRANSPORT(device, RouteKind::kDevice,
-                          [] { return CreateDeviceTransport(DefaultDeviceBackend()); });
+// Device memory of this engine: as close as a route gets after local. Never in "auto": device
+// memory is asked for by name.
+LARDER_REGISTER_TRANSPORT(device, 5, false, [](const TransportSelection&) {
+  return CreateDeviceTransport(DefaultDeviceBackend());
+});
 
 }  // namespace larder::transfer

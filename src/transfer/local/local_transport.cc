@@ -14,7 +14,6 @@ namespace {
 class LocalTransport final : public Transport {
  public:
   std::string_view name() const override { return "local"; }
-  RouteKind route() const override { return RouteKind::kLocal; }
   TransportCaps caps() const override { return {.allocates_exportable_memory = true}; }
 
   Status Start(const EngineContext& context) override {
@@ -67,6 +66,7 @@ class LocalTransport final : public Transport {
 
 std::unique_ptr<Transport> CreateLocalTransport() { return std::make_unique<LocalTransport>(); }
 
-LARDER_REGISTER_TRANSPORT(local, RouteKind::kLocal, CreateLocalTransport);
+LARDER_REGISTER_TRANSPORT(local, 0, true,
+                          [](const TransportSelection&) { return CreateLocalTransport(); });
 
 }  // namespace larder::transfer

@@ -210,17 +210,22 @@ void ShmHandoffServer::Serve(int fd) {
 
 Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const EngineContext& self,
                             Deadline deadline, uint64_t* size, pid_t* owner_pid) {
-  std::string peer = "engine " + descriptor.engine_id + " (@" + descriptor.shm_socket + ")";
+  const std::string* blob = descriptor.TransportBlob("shm");
+  if (blob == nullptr || blob->empty()) {
+    return FailedPreconditionError("segment '" + descriptor.name + "' has no shm socket");
+  }
+  const std::string& socket = *blob;
+  std::string peer = "engine " + descriptor.engine_id + " (@" + socket + ")";
   const std::string& token = self.auth_token;
   if (self.engine_id.size() > kHandoffMaxEngineId) {
     return InvalidArgumentError("engine id '" + self.engine_id +
                                 "' is too long for the shm handoff");
   }
-  if (descriptor.shm_socket.size() > kHandoffMaxSocketName) {
+  if (socket.size() > kHandoffMaxSocketName) {
     return InvalidArgumentError(peer + ": shm socket name longer than " +
                                 std::to_string(kHandoffMaxSocketName) + " bytes");
   }
-  auto conn = UnixConnectAbstract(descriptor.shm_socket, deadline);
+  auto conn = UnixConnectAbstract(socket, deadline);
   if (!conn.ok()) return UnavailableError(peer + ": " + conn.status().message());
   ucred cred{};
   socklen_t cred_len = sizeof(cred);
@@ -242,7 +247,7 @@ Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const EngineCon
     return InternalError(peer + " sent a malformed handoff greeting");
   }
   if (owner_engine_id != descriptor.engine_id) {
-    return PermissionDeniedError("@" + descriptor.shm_socket + " is served by engine " +
+    return PermissionDeniedError("@" + socket + " is served by engine " +
                                  std::string(owner_engine_id) + ", not by " + descriptor.engine_id +
                                  "; refusing its segment");
   }
@@ -261,10 +266,9 @@ Result<Fd> RequestSegmentFd(const SegmentDescriptor& descriptor, const EngineCon
   request.epoch = descriptor.epoch;
   RandomBytes(request.nonce, sizeof(request.nonce));
   SetField(request.engine_id, &request.engine_id_len, self.engine_id);
-  SetField(request.socket, &request.socket_len, descriptor.shm_socket);
-  HandoffBinding binding{hello.nonce,           request.nonce,  owner_engine_id,
-                         descriptor.shm_socket, self.engine_id, descriptor.segment_id,
-                         descriptor.epoch};
+  SetField(request.socket, &request.socket_len, socket);
+  HandoffBinding binding{hello.nonce,    request.nonce,         owner_engine_id, socket,
+                         self.engine_id, descriptor.segment_id, descriptor.epoch};
   if (hello.need_auth) {
     auto mac = HandoffPeerMac(token, binding);
     std::memcpy(request.mac, mac.data(), mac.size());

@@ -130,7 +130,8 @@ class ShmHandoffServer {
   std::atomic<bool> stopping_{false};
 };
 
-// Asks the owner behind `descriptor.shm_socket` for the segment's memfd, as engine `self`
+// Asks the owner behind the descriptor's shm blob (its handoff socket) for the segment's memfd, as
+// engine `self`
 // (`self.engine_id`, and `self.auth_token` when set). Returns an open fd that the owner proved
 // to come from a holder of the token (when `self` has one); `size` receives the segment size the
 // owner reports. `owner_pid` receives the pid of the process that served it, as the kernel

@@ -47,11 +47,11 @@ class ShmHandoffTest : public ::testing::Test {
     ASSERT_TRUE(engine_->RegisterSegment("s", *memory).ok());
     descriptor_ = engine_->ListSegments().front();
     ASSERT_EQ(descriptor_.memory_kind, MemoryKind::kMemfd);
-    ASSERT_FALSE(descriptor_.shm_socket.empty());
+    ASSERT_NE(descriptor_.TransportBlob("shm"), nullptr);
   }
 
   Fd Connect() {
-    auto fd = UnixConnectAbstract(descriptor_.shm_socket, Clock::now() + 1s);
+    auto fd = UnixConnectAbstract(descriptor_.transports.at("shm"), Clock::now() + 1s);
     EXPECT_TRUE(fd.ok()) << fd.status();
     return fd.ok() ? std::move(fd).value() : Fd();
   }
@@ -303,7 +303,7 @@ class ShmHandoffAuthTest : public ::testing::Test {
     testutil::FillPattern(memory_->data(), memory_->size(), 42);
     ASSERT_TRUE(owner_->RegisterSegment("s", memory_).ok());
     descriptor_ = owner_->ListSegments().front();
-    ASSERT_FALSE(descriptor_.shm_socket.empty());
+    ASSERT_NE(descriptor_.TransportBlob("shm"), nullptr);
   }
 
   bool OwnerBytesUnchanged() const {
@@ -404,7 +404,7 @@ TEST_F(ShmHandoffAuthTest, TokenHolderRefusesAnOwnerThatAsksNoProof) {
     SendWithFd(conn, &reply, sizeof(reply), planted.fd.get()).IgnoreError();
   });
   SegmentDescriptor impostor = descriptor_;
-  impostor.shm_socket = rogue.name();
+  impostor.transports["shm"] = rogue.name();
   ExpectVictimRefuses(impostor, "asks for no proof");
   rogue.Stop();
   EXPECT_GE(rogue.connections(), 2) << "the victim never dialed the rogue; the test proved nothing";
@@ -433,7 +433,7 @@ TEST_F(ShmHandoffAuthTest, TokenHolderRefusesAnOwnerReplyWithoutProof) {
     SendWithFd(conn, &reply, sizeof(reply), planted.fd.get()).IgnoreError();
   });
   SegmentDescriptor impostor = descriptor_;
-  impostor.shm_socket = rogue.name();
+  impostor.transports["shm"] = rogue.name();
   ExpectVictimRefuses(impostor, "without proof of the cluster token");
   rogue.Stop();
   EXPECT_GE(rogue.connections(), 2);
@@ -451,7 +451,7 @@ TEST_F(ShmHandoffAuthTest, SocketServedByAnotherEngineIsRefused) {
     SendWithFd(conn, &hello, sizeof(hello), -1).IgnoreError();
   });
   SegmentDescriptor impostor = descriptor_;
-  impostor.shm_socket = rogue.name();
+  impostor.transports["shm"] = rogue.name();
   ExpectVictimRefuses(impostor, "is served by engine some-other-engine");
 }
 
@@ -477,7 +477,7 @@ TEST_P(ShmHandoffRelayTest, RelayNeverObtainsTheFd) {
   std::atomic<int> owner_refusals{0};
   FakeHandoffServer relay(TestSocketName("relay"), [&](int victim) {
     Deadline deadline = Clock::now() + 2s;
-    auto owner = UnixConnectAbstract(descriptor_.shm_socket, deadline);
+    auto owner = UnixConnectAbstract(descriptor_.transports.at("shm"), deadline);
     if (!owner.ok()) return;
     HandoffServerMessage owner_hello;
     Fd none;
@@ -492,8 +492,9 @@ TEST_P(ShmHandoffRelayTest, RelayNeverObtainsTheFd) {
     if (!RecvAll(victim, &request, sizeof(request), deadline, "victim").ok()) return;
     if (mode.rewrite_socket) {
       std::memset(request.socket, 0, sizeof(request.socket));
-      std::memcpy(request.socket, descriptor_.shm_socket.data(), descriptor_.shm_socket.size());
-      request.socket_len = static_cast<uint8_t>(descriptor_.shm_socket.size());
+      std::memcpy(request.socket, descriptor_.transports.at("shm").data(),
+                  descriptor_.transports.at("shm").size());
+      request.socket_len = static_cast<uint8_t>(descriptor_.transports.at("shm").size());
     }
     if (!SendAll(owner->get(), &request, sizeof(request), deadline, "owner").ok()) return;
     HandoffServerMessage reply;
@@ -515,7 +516,7 @@ TEST_P(ShmHandoffRelayTest, RelayNeverObtainsTheFd) {
     SendWithFd(victim, &reply, sizeof(reply), obtained.get()).IgnoreError();
   });
   SegmentDescriptor relayed = descriptor_;
-  relayed.shm_socket = relay.name();
+  relayed.transports["shm"] = relay.name();
   ExpectVictimRefuses(relayed, "");
   relay.Stop();
   EXPECT_EQ(owner_replies.load(), 2)

@@ -93,8 +93,9 @@ class ShmTransport final : public Transport {
   ~ShmTransport() override { Stop(); }
 
   std::string_view name() const override { return "shm"; }
-  RouteKind route() const override { return RouteKind::kSameHostShm; }
-  TransportCaps caps() const override { return {.allocates_exportable_memory = true}; }
+  TransportCaps caps() const override {
+    return {.allocates_exportable_memory = true, .allocation_rank = 1};
+  }
 
   Status Start(const EngineContext& context) override {
     context_ = context;
@@ -120,8 +121,10 @@ class ShmTransport final : public Transport {
     return AllocateMemfd("larder-segment", size, huge_pages);
   }
 
-  void Describe(SegmentDescriptor* descriptor) const override {
-    if (descriptor->memory_kind == MemoryKind::kMemfd) descriptor->shm_socket = socket_name_;
+  // The blob is the handoff socket's name; only memfds can be handed over.
+  Result<std::string> Export(const SegmentDescriptor& descriptor, uint8_t* base) override {
+    (void)base;
+    return descriptor.memory_kind == MemoryKind::kMemfd ? socket_name_ : std::string();
   }
 
   void AddStats(EngineStats* stats) const override {
@@ -131,8 +134,9 @@ class ShmTransport final : public Transport {
   }
 
   bool CanReach(const SegmentDescriptor& d) const override {
+    const std::string* socket = d.TransportBlob("shm");
     return d.host_id == context_.host_id && d.memory_kind == MemoryKind::kMemfd &&
-           !d.shm_socket.empty();
+           socket != nullptr && !socket->empty();
   }
 
   Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override;
@@ -332,6 +336,7 @@ void ShmTransport::OwnerExited(const std::string& engine_id) {
 
 std::unique_ptr<Transport> CreateShmTransport() { return std::make_unique<ShmTransport>(); }
 
-LARDER_REGISTER_TRANSPORT(shm, RouteKind::kSameHostShm, CreateShmTransport);
+LARDER_REGISTER_TRANSPORT(shm, 10, true,
+                          [](const TransportSelection&) { return CreateShmTransport(); });
 
 }  // namespace larder::transfer

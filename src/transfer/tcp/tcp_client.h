@@ -1,7 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// Client side of the tcp data protocol: connecting (TLS and the mutual token proof, tcp_frame.h),
-// asking a peer for its segment descriptors, and the per-peer connection pool that moves slices.
+// Client side of the tcp transport: the per-peer connection pool that moves slices over the frame
+// protocol (transfer/wire/frame.h) to a peer's frame server.
 #pragma once
 
 #include <condition_variable>
@@ -14,41 +14,13 @@
 #include <vector>
 
 #include "common/net.h"
-#include "transfer/tcp/tcp_stream.h"
 #include "transfer/transport.h"
+#include "transfer/wire/client.h"
 
 namespace larder::transfer::tcp {
 
-// What an engine proves and checks when it dials a data server. Immutable; one is shared by all
-// of a transport's connections.
-struct TcpClientConfig {
-  std::string engine_id;                  // named in this client's proofs
-  std::string token;                      // the cluster token; empty: none
-  std::shared_ptr<const TlsContext> tls;  // the CA to verify servers with; null: plain tcp only
-
-  // From an engine's context (engine_id, auth_token, tls_ca_file). InvalidArgument naming the file
-  // when the CA does not load.
-  static Result<std::shared_ptr<const TcpClientConfig>> FromContext(const EngineContext& context);
-};
-
-// Connects to a data server and completes the exchange of tcp_frame.h: TLS when the server offers
-// it, then the mutual token proof when the server asks for one. The returned stream is ready for
-// data frames: the server proved the token (when `config` has one) on this very connection.
-// Unavailable when unreachable; PermissionDenied when either side lacks the other's requirement
-// (a token, TLS), when the server refuses our proof, when the server fails to prove the token,
-// or when its certificate does not verify; DataLoss for a malformed hello or reply.
-Result<TcpStream> ConnectAndAuthenticate(const HostPort& address, const TcpClientConfig& config,
-                                         Deadline deadline);
-
-// The descriptors of every segment exported by the engine at `address`. Errors as for
-// ConnectAndAuthenticate, plus DataLoss for a malformed reply.
-Result<std::vector<SegmentDescriptor>> FetchDescriptors(const HostPort& address,
-                                                        const TcpClientConfig& config,
-                                                        Deadline deadline);
-// The same with the configuration of an engine's context (TcpClientConfig::FromContext).
-Result<std::vector<SegmentDescriptor>> FetchDescriptors(const HostPort& address,
-                                                        const EngineContext& context,
-                                                        Deadline deadline);
+using wire::TcpClientConfig;
+using wire::TcpStream;
 
 // A pool of connections to one peer, each served by one thread that pipelines slices: it sends up
 // to kPipelineDepth requests, then reads their replies in order. A peer that cannot be reached is

@@ -3,7 +3,7 @@
 // The tcp frame codec, and the data server's answers to hostile or broken clients: every bad frame
 // gets an error frame, the connection survives whenever the next frame boundary is known, and no
 // frame can reach memory outside a registered segment.
-#include "transfer/tcp/tcp_frame.h"
+#include "transfer/wire/frame.h"
 
 #include <sys/socket.h>
 
@@ -19,12 +19,14 @@
 
 #include "common/net.h"
 #include "larder/transfer_engine.h"
-#include "transfer/tcp/tcp_auth.h"
-#include "transfer/tcp/tcp_stream.h"
 #include "transfer/testing/test_util.h"
+#include "transfer/wire/auth.h"
+#include "transfer/wire/stream.h"
 
 namespace larder::transfer::tcp {
 namespace {
+
+using namespace wire;  // NOLINT: these tests speak the frame protocol
 
 using std::chrono::seconds;
 using testutil::FillPattern;

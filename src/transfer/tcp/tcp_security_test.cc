@@ -28,13 +28,15 @@
 #include "common/net.h"
 #include "common/test_certs.h"
 #include "larder/transfer_engine.h"
-#include "transfer/tcp/tcp_auth.h"
-#include "transfer/tcp/tcp_frame.h"
-#include "transfer/tcp/tcp_stream.h"
 #include "transfer/testing/test_util.h"
+#include "transfer/wire/auth.h"
+#include "transfer/wire/frame.h"
+#include "transfer/wire/stream.h"
 
 namespace larder::transfer::tcp {
 namespace {
+
+using namespace wire;  // NOLINT: these tests speak the frame protocol
 
 using std::chrono::seconds;
 using testutil::FillPattern;
@@ -310,8 +312,8 @@ class TcpSecurityTest : public ::testing::Test {
   // `descriptor` with its tcp endpoint replaced: what a client is told when someone points it
   // elsewhere (a stale or poisoned descriptor).
   static SegmentDescriptor PointedAt(SegmentDescriptor descriptor, const std::string& endpoint) {
-    descriptor.tcp_endpoint = endpoint;
-    descriptor.shm_socket.clear();
+    descriptor.transports["tcp"] = endpoint;
+    descriptor.transports.erase("shm");
     return descriptor;
   }
 
@@ -385,7 +387,7 @@ TEST_F(TcpSecurityTest, TokenHoldingClientRefusesAServerThatProvesNoToken) {
     d.epoch = 1;
     d.engine_id = "rogue/1/0";
     d.host_id = "rogue-host";
-    d.tcp_endpoint = rogue.address();
+    d.transports["tcp"] = rogue.address();
     d.size = kSegmentBytes;
     const std::string says =
         fake_proof ? "failed to prove the cluster token" : "does not prove the cluster token";

@@ -3,13 +3,88 @@
 
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "common/memory.h"
+#include "transfer/segment_exports.h"
 #include "transfer/tcp/tcp_client.h"
 #include "transfer/transport_registry.h"
+#include "transfer/wire/server.h"
 
 namespace larder::transfer {
 namespace {
+
+using wire::FrameConnection;
+using wire::FrameDeadline;
+using wire::FrameHeader;
+using wire::FrameType;
+
+// The tcp blob of a segment is the "ip:port" of its owner's frame server.
+constexpr size_t kMaxEndpointBytes = 256;
+
+Result<HostPort> EndpointOf(const SegmentDescriptor& d) {
+  const std::string* blob = d.TransportBlob("tcp");
+  if (blob == nullptr || blob->empty()) {
+    return FailedPreconditionError("segment '" + d.name + "' has no tcp endpoint");
+  }
+  if (blob->size() > kMaxEndpointBytes) {
+    return InvalidArgumentError("segment '" + d.name + "' has an oversized tcp endpoint");
+  }
+  return ParseHostPort(*blob);
+}
+
+bool ServeRead(const SegmentExports& exports, FrameConnection& conn, const FrameHeader& h) {
+  if (h.length > wire::kMaxFramePayload) {
+    return conn
+        .SendError(h.request_id, InvalidArgumentError("read of " + std::to_string(h.length) +
+                                                      " bytes exceeds the frame limit"))
+        .ok();
+  }
+  Status send_status;
+  Status access = exports.Access(h.segment_id, h.offset, h.length, [&](uint8_t* src) {
+    FrameHeader reply;
+    reply.type = FrameType::kReadReply;
+    reply.request_id = h.request_id;
+    reply.length = h.length;
+    uint8_t out[wire::kFrameHeaderSize];
+    EncodeHeader(reply, out);
+    iovec iov[2] = {{out, sizeof(out)}, {src, h.length}};
+    send_status = conn.stream().SendAllV(iov, 2, FrameDeadline());
+  });
+  if (!access.ok()) return conn.SendError(h.request_id, access).ok();
+  return send_status.ok();
+}
+
+bool ServeWrite(const SegmentExports& exports, FrameConnection& conn, const FrameHeader& h) {
+  wire::TcpStream& stream = conn.stream();
+  if (h.length > wire::kMaxFramePayload) {
+    conn.SendError(h.request_id, InvalidArgumentError("write of " + std::to_string(h.length) +
+                                                      " bytes exceeds the frame limit"))
+        .IgnoreError();
+    return false;  // cannot skip a payload that large safely
+  }
+  Status recv_status;
+  Status access = exports.Access(h.segment_id, h.offset, h.length, [&](uint8_t* dst) {
+    recv_status = stream.RecvAll(dst, h.length, FrameDeadline());
+  });
+  if (!access.ok()) {
+    // Skip the payload so the connection stays usable, then report.
+    std::vector<uint8_t> sink(std::min<uint64_t>(h.length, 1 << 20));
+    for (uint64_t left = h.length; left > 0;) {
+      uint64_t n = std::min<uint64_t>(left, sink.size());
+      if (!stream.RecvAll(sink.data(), n, FrameDeadline()).ok()) return false;
+      left -= n;
+    }
+    return conn.SendError(h.request_id, access).ok();
+  }
+  if (!recv_status.ok()) return false;
+  FrameHeader reply;
+  reply.type = FrameType::kWriteReply;
+  reply.request_id = h.request_id;
+  uint8_t out[wire::kFrameHeaderSize];
+  EncodeHeader(reply, out);
+  return stream.SendAll(out, sizeof(out), FrameDeadline()).ok();
+}
 
 class TcpSegment final : public RemoteSegment {
  public:
@@ -26,13 +101,20 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override { Stop(); }
 
   std::string_view name() const override { return "tcp"; }
-  RouteKind route() const override { return RouteKind::kTcp; }
   TransportCaps caps() const override { return {.allocates_exportable_memory = true}; }
 
-  // InvalidArgument naming the file when the TLS CA does not load.
+  // Serves reads and writes of our segments on the engine's frame server. InvalidArgument naming
+  // the file when the TLS CA does not load.
   Status Start(const EngineContext& context) override {
     context_ = context;
     LARDER_ASSIGN_OR_RETURN(client_config_, tcp::TcpClientConfig::FromContext(context));
+    const SegmentExports* exports = context.exports;
+    context.frame_server->Handle(
+        FrameType::kRead,
+        [exports](FrameConnection& c, const FrameHeader& h) { return ServeRead(*exports, c, h); });
+    context.frame_server->Handle(
+        FrameType::kWrite,
+        [exports](FrameConnection& c, const FrameHeader& h) { return ServeWrite(*exports, c, h); });
     return Status();
   }
 
@@ -50,17 +132,25 @@ class TcpTransport final : public Transport {
   }
 
   // The data server copies with the CPU, so device memory is out of its reach.
+  Result<std::string> Export(const SegmentDescriptor& descriptor, uint8_t* base) override {
+    (void)base;
+    if (descriptor.memory_kind == MemoryKind::kDevice) return std::string();
+    return context_.engine_address;
+  }
+
   bool CanReach(const SegmentDescriptor& d) const override {
-    return !d.tcp_endpoint.empty() && d.memory_kind != MemoryKind::kDevice;
+    return d.memory_kind != MemoryKind::kDevice && EndpointOf(d).ok();
   }
 
   Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override {
-    if (!CanReach(descriptor)) {
-      return FailedPreconditionError("segment '" + descriptor.name + "' has no tcp endpoint");
+    if (descriptor.memory_kind == MemoryKind::kDevice) {
+      return FailedPreconditionError("segment '" + descriptor.name +
+                                     "' is device memory, which tcp cannot reach");
     }
-    LARDER_ASSIGN_OR_RETURN(HostPort address, ParseHostPort(descriptor.tcp_endpoint));
+    LARDER_ASSIGN_OR_RETURN(HostPort address, EndpointOf(descriptor));
+    std::string key = address.ToString();
     std::lock_guard lock(mu_);
-    auto& peer = peers_[descriptor.tcp_endpoint];
+    auto& peer = peers_[key];
     if (!peer) {
       peer = std::make_shared<tcp::TcpPeer>(address, client_config_,
                                             context_.options->tcp_connections_per_peer);
@@ -85,6 +175,7 @@ class TcpTransport final : public Transport {
 
 std::unique_ptr<Transport> CreateTcpTransport() { return std::make_unique<TcpTransport>(); }
 
-LARDER_REGISTER_TRANSPORT(tcp, RouteKind::kTcp, CreateTcpTransport);
+LARDER_REGISTER_TRANSPORT(tcp, 30, true,
+                          [](const TransportSelection&) { return CreateTcpTransport(); });
 
 }  // namespace larder::transfer

@@ -32,14 +32,17 @@ class FaultTransport final : public Transport {
   uint64_t failed_slices() const { return failed_.load(); }
 
   std::string_view name() const override { return inner_->name(); }
-  RouteKind route() const override { return inner_->route(); }
   TransportCaps caps() const override;
   Status Start(const EngineContext& context) override { return inner_->Start(context); }
   void Stop() override { inner_->Stop(); }
   Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, HugePages huge_pages) override {
     return inner_->Allocate(size, huge_pages);
   }
-  void Describe(SegmentDescriptor* descriptor) const override { inner_->Describe(descriptor); }
+  Result<std::string> Export(const SegmentDescriptor& descriptor, uint8_t* base) override {
+    return inner_->Export(descriptor, base);
+  }
+  void Unexport(SegmentId id) override { inner_->Unexport(id); }
+  void AddStats(EngineStats* stats) const override { inner_->AddStats(stats); }
   Status RegisterLocalMemory(void* ptr, size_t size) override {
     return inner_->RegisterLocalMemory(ptr, size);
   }

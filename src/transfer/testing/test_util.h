@@ -9,8 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
+
+#include "larder/transfer_engine.h"
 
 namespace larder::testutil {
 
@@ -76,3 +79,10 @@ bool WaitUntil(Pred done, std::chrono::milliseconds timeout) {
 }
 
 }  // namespace larder::testutil
+
+namespace larder {
+
+// Lets GoogleTest print a route by its name (found by argument-dependent lookup).
+inline void PrintTo(const RouteKind& route, std::ostream* os) { *os << route.name(); }
+
+}  // namespace larder

@@ -1,33 +1,23 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
-#include "transfer/tcp/tcp_server.h"
+#include "transfer/wire/server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "common/logging.h"
-#include "transfer/segment_exports.h"
-#include "transfer/tcp/tcp_frame.h"
+#include "transfer/wire/frame.h"
 
-namespace larder::transfer::tcp {
-namespace {
+namespace larder::transfer::wire {
 
-// Once a frame has started, the rest of it must arrive within this time.
-constexpr auto kFrameTimeout = std::chrono::seconds(30);
+FrameServer::FrameServer(const EngineContext& context) : context_(context) {}
 
-Deadline FrameDeadline() { return Clock::now() + kFrameTimeout; }
+FrameServer::~FrameServer() { Stop(); }
 
-}  // namespace
-
-TcpDataServer::TcpDataServer(const EngineContext& context) : context_(context) {}
-
-TcpDataServer::~TcpDataServer() { Stop(); }
-
-Status TcpDataServer::Start(const HostPort& listen) {
+Status FrameServer::Listen(const HostPort& listen) {
   if (!context_.tls_cert_file.empty() || !context_.tls_key_file.empty()) {
     LARDER_ASSIGN_OR_RETURN(tls_,
                             TlsContext::ForServer(context_.tls_cert_file, context_.tls_key_file));
@@ -43,40 +33,37 @@ Status TcpDataServer::Start(const HostPort& listen) {
   }
   LARDER_ASSIGN_OR_RETURN(listener_, TcpListen(listen));
   LARDER_ASSIGN_OR_RETURN(port_, BoundPort(listener_.get()));
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
   return Status();
 }
 
-void TcpDataServer::set_advertised_endpoint(std::string endpoint) {
-  std::lock_guard lock(endpoint_mu_);
-  advertised_endpoint_ = std::move(endpoint);
+void FrameServer::Handle(FrameType type, Handler handler) {
+  handlers_[static_cast<size_t>(type)] = std::move(handler);
 }
 
-std::string TcpDataServer::advertised_endpoint() const {
-  std::lock_guard lock(endpoint_mu_);
-  return advertised_endpoint_;
+void FrameServer::Serve() {
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
-void TcpDataServer::Stop() {
+void FrameServer::Stop() {
   if (stopping_.exchange(true)) return;
   if (listener_.valid()) shutdown(listener_.get(), SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
-  std::list<std::unique_ptr<Connection>> connections;
+  std::list<std::unique_ptr<FrameConnection>> connections;
   {
     std::lock_guard lock(mu_);
     connections.swap(connections_);
   }
-  for (auto& c : connections) shutdown(c->stream.fd(), SHUT_RDWR);
-  for (auto& c : connections) c->thread.join();
+  for (auto& c : connections) shutdown(c->stream_.fd(), SHUT_RDWR);
+  for (auto& c : connections) c->thread_.join();
   listener_.Reset();
 }
 
-void TcpDataServer::ReapFinished() {
-  std::list<std::unique_ptr<Connection>> finished;
+void FrameServer::ReapFinished() {
+  std::list<std::unique_ptr<FrameConnection>> finished;
   {
     std::lock_guard lock(mu_);
     for (auto it = connections_.begin(); it != connections_.end();) {
-      if ((*it)->done.load()) {
+      if ((*it)->done_.load()) {
         finished.push_back(std::move(*it));
         it = connections_.erase(it);
       } else {
@@ -84,10 +71,10 @@ void TcpDataServer::ReapFinished() {
       }
     }
   }
-  for (auto& c : finished) c->thread.join();
+  for (auto& c : finished) c->thread_.join();
 }
 
-void TcpDataServer::AcceptLoop() {
+void FrameServer::AcceptLoop() {
   while (!stopping_.load()) {
     pollfd p{listener_.get(), POLLIN, 0};
     int rc = poll(&p, 1, 200);
@@ -98,22 +85,22 @@ void TcpDataServer::AcceptLoop() {
     int fd = accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
     if (fd < 0) continue;
     TuneTcpSocket(fd);
-    auto conn = std::make_unique<Connection>();
+    auto conn = std::make_unique<FrameConnection>();
     char ip[INET_ADDRSTRLEN] = {};
     inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
-    conn->stream = TcpStream(Fd(fd), std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port)));
-    Connection* raw = conn.get();
+    conn->stream_ = TcpStream(Fd(fd), std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port)));
+    FrameConnection* raw = conn.get();
     std::lock_guard lock(mu_);
     if (stopping_.load()) break;
-    conn->thread = std::thread([this, raw] {
-      Serve(raw);
-      raw->done.store(true);
+    conn->thread_ = std::thread([this, raw] {
+      ServeConnection(raw);
+      raw->done_.store(true);
     });
     connections_.push_back(std::move(conn));
   }
 }
 
-Status TcpDataServer::SendError(Connection* conn, uint64_t request_id, const Status& status) {
+Status FrameConnection::SendError(uint64_t request_id, const Status& status) {
   std::string message = status.message();
   FrameHeader h;
   h.type = FrameType::kError;
@@ -123,11 +110,11 @@ Status TcpDataServer::SendError(Connection* conn, uint64_t request_id, const Sta
   uint8_t header[kFrameHeaderSize];
   EncodeHeader(h, header);
   iovec iov[2] = {{header, sizeof(header)}, {message.data(), message.size()}};
-  return conn->stream.SendAllV(iov, 2, FrameDeadline());
+  return stream_.SendAllV(iov, 2, FrameDeadline());
 }
 
-void TcpDataServer::Serve(Connection* conn) {
-  TcpStream& stream = conn->stream;
+void FrameServer::ServeConnection(FrameConnection* conn) {
+  TcpStream& stream = conn->stream_;
   AuthState auth;
   auth.authenticated = context_.auth_token.empty();
   {
@@ -151,7 +138,7 @@ void TcpDataServer::Serve(Connection* conn) {
   }
   if (tls_) {
     if (Status s = stream.StartTls(*tls_, FrameDeadline()); !s.ok()) {
-      Log().warn("tcp data server: TLS with {} failed: {}", stream.peer(), s.ToString());
+      Log().warn("frame server: TLS with {} failed: {}", stream.peer(), s.ToString());
       return;
     }
   }
@@ -170,10 +157,10 @@ void TcpDataServer::Serve(Connection* conn) {
   }
 }
 
-bool TcpDataServer::HandleAuth(Connection* conn, const FrameHeader& h, AuthState* auth) {
-  TcpStream& stream = conn->stream;
+bool FrameServer::HandleAuth(FrameConnection* conn, const FrameHeader& h, AuthState* auth) {
+  TcpStream& stream = conn->stream_;
   auto refuse = [&](const Status& status) {
-    SendError(conn, h.request_id, status).IgnoreError();
+    conn->SendError(h.request_id, status).IgnoreError();
     return false;
   };
   if (auth->authenticated) {
@@ -203,17 +190,17 @@ bool TcpDataServer::HandleAuth(Connection* conn, const FrameHeader& h, AuthState
   }
   auto expected = TcpClientMac(context_.auth_token, binding);
   if (!DigestEqual(expected.data(), request.mac.data())) {
-    Log().warn("tcp data server: wrong cluster token from {} (claims engine {})", stream.peer(),
+    Log().warn("frame server: wrong cluster token from {} (claims engine {})", stream.peer(),
                request.client_engine_id);
     return refuse(PermissionDeniedError("wrong cluster token for engine " + context_.engine_id));
   }
   // The client holds the token; it must also have dialed this engine. A relay that forwards our
   // nonce to a client and the client's proof to us is caught here: the client dialed the relay.
-  std::string advertised = advertised_endpoint();
+  const std::string& advertised = advertised_endpoint_;
   auto local = SocketEndpoint(stream.fd(), /*local=*/true);
   if (request.dialed_endpoint != advertised && !(local.ok() && request.dialed_endpoint == *local)) {
     Log().warn(
-        "tcp data server: engine {} at {} authenticated for {}, which is not this engine "
+        "frame server: engine {} at {} authenticated for {}, which is not this engine "
         "({}, local {}): a relay?",
         request.client_engine_id, stream.peer(), request.dialed_endpoint, advertised,
         local.ok() ? *local : local.status().ToString());
@@ -233,99 +220,29 @@ bool TcpDataServer::HandleAuth(Connection* conn, const FrameHeader& h, AuthState
   return stream.SendAllV(iov, 2, FrameDeadline()).ok();
 }
 
-bool TcpDataServer::HandleFrame(Connection* conn, const uint8_t* raw, AuthState* auth) {
-  TcpStream& stream = conn->stream;
+bool FrameServer::HandleFrame(FrameConnection* conn, const uint8_t* raw, AuthState* auth) {
   FrameHeader h;
   if (Status s = DecodeHeader(raw, &h); !s.ok()) {
     // Without a valid header the next frame boundary is unknown: report, then close.
-    SendError(conn, 0, s.WithContext("malformed frame from " + stream.peer())).IgnoreError();
+    conn->SendError(0, s.WithContext("malformed frame from " + conn->stream_.peer())).IgnoreError();
     return false;
   }
   if (h.type == FrameType::kAuth) return HandleAuth(conn, h, auth);
   if (!auth->authenticated) {
-    SendError(conn, h.request_id,
-              PermissionDeniedError("authenticate before sending data frames (cluster token)"))
+    conn->SendError(h.request_id, PermissionDeniedError(
+                                      "authenticate before sending data frames (cluster token)"))
         .IgnoreError();
     return false;
   }
-  switch (h.type) {
-    case FrameType::kDescribe: {
-      if (h.length != 0) {
-        SendError(conn, h.request_id, InvalidArgumentError("describe frame carries no payload"))
-            .IgnoreError();
-        return false;
-      }
-      nlohmann::json list = nlohmann::json::array();
-      for (const auto& d : context_.exports->List())
-        list.push_back(nlohmann::json::parse(d.ToJson()));
-      std::string body = list.dump();
-      FrameHeader reply;
-      reply.type = FrameType::kDescribeReply;
-      reply.request_id = h.request_id;
-      reply.length = body.size();
-      uint8_t out[kFrameHeaderSize];
-      EncodeHeader(reply, out);
-      iovec iov[2] = {{out, sizeof(out)}, {body.data(), body.size()}};
-      return stream.SendAllV(iov, 2, FrameDeadline()).ok();
-    }
-    case FrameType::kRead: {
-      if (h.length > kMaxFramePayload) {
-        return SendError(conn, h.request_id,
-                         InvalidArgumentError("read of " + std::to_string(h.length) +
-                                              " bytes exceeds the frame limit"))
-            .ok();
-      }
-      Status send_status;
-      Status access = context_.exports->Access(h.segment_id, h.offset, h.length, [&](uint8_t* src) {
-        FrameHeader reply;
-        reply.type = FrameType::kReadReply;
-        reply.request_id = h.request_id;
-        reply.length = h.length;
-        uint8_t out[kFrameHeaderSize];
-        EncodeHeader(reply, out);
-        iovec iov[2] = {{out, sizeof(out)}, {src, h.length}};
-        send_status = stream.SendAllV(iov, 2, FrameDeadline());
-      });
-      if (!access.ok()) return SendError(conn, h.request_id, access).ok();
-      return send_status.ok();
-    }
-    case FrameType::kWrite: {
-      if (h.length > kMaxFramePayload) {
-        SendError(conn, h.request_id,
-                  InvalidArgumentError("write of " + std::to_string(h.length) +
-                                       " bytes exceeds the frame limit"))
-            .IgnoreError();
-        return false;  // cannot skip a payload that large safely
-      }
-      Status recv_status;
-      Status access = context_.exports->Access(h.segment_id, h.offset, h.length, [&](uint8_t* dst) {
-        recv_status = stream.RecvAll(dst, h.length, FrameDeadline());
-      });
-      if (!access.ok()) {
-        // Skip the payload so the connection stays usable, then report.
-        std::vector<uint8_t> sink(std::min<uint64_t>(h.length, 1 << 20));
-        for (uint64_t left = h.length; left > 0;) {
-          uint64_t n = std::min<uint64_t>(left, sink.size());
-          if (!stream.RecvAll(sink.data(), n, FrameDeadline()).ok()) return false;
-          left -= n;
-        }
-        return SendError(conn, h.request_id, access).ok();
-      }
-      if (!recv_status.ok()) return false;
-      FrameHeader reply;
-      reply.type = FrameType::kWriteReply;
-      reply.request_id = h.request_id;
-      uint8_t out[kFrameHeaderSize];
-      EncodeHeader(reply, out);
-      return stream.SendAll(out, sizeof(out), FrameDeadline()).ok();
-    }
-    default:
-      SendError(conn, h.request_id,
-                InvalidArgumentError("frame type " + std::to_string(static_cast<int>(h.type)) +
-                                     " is not a request"))
-          .IgnoreError();
-      return false;  // its payload length cannot be trusted
+  const Handler& handler = handlers_[static_cast<size_t>(h.type)];
+  if (!handler) {
+    conn->SendError(h.request_id,
+                    InvalidArgumentError("frame type " + std::to_string(static_cast<int>(h.type)) +
+                                         " is not a request this engine serves"))
+        .IgnoreError();
+    return false;  // its payload length cannot be trusted
   }
+  return handler(*conn, h);
 }
 
-}  // namespace larder::transfer::tcp
+}  // namespace larder::transfer::wire

@@ -14,7 +14,7 @@
 
 #include "larder/status.h"
 
-namespace larder::transfer::tcp {
+namespace larder::transfer::wire {
 
 inline constexpr size_t kAuthNonceBytes = 32;
 inline constexpr size_t kAuthMacBytes = 32;
@@ -64,4 +64,4 @@ Status DecodeAuth(std::string_view payload, AuthRequest* request);
 std::string EncodeAuthOk(const AuthMac& mac);
 Status DecodeAuthOk(std::string_view payload, AuthMac* mac);
 
-}  // namespace larder::transfer::tcp
+}  // namespace larder::transfer::wire

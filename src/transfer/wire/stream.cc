@@ -1,5 +1,5 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
-#include "transfer/tcp/tcp_stream.h"
+#include "transfer/wire/stream.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,7 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace larder::transfer::tcp {
+namespace larder::transfer::wire {
 namespace {
 
 // TLS writes of small buffers (a frame header) are gathered up to one record's plaintext, so a
@@ -354,4 +354,4 @@ Result<std::string> SocketEndpoint(int fd, bool local) {
   return std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port));
 }
 
-}  // namespace larder::transfer::tcp
+}  // namespace larder::transfer::wire

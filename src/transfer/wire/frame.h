@@ -33,7 +33,7 @@
 
 #include "larder/status.h"
 
-namespace larder::transfer::tcp {
+namespace larder::transfer::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x3244524c;  // "LRD2"
 inline constexpr size_t kFrameHeaderSize = 40;
@@ -107,4 +107,4 @@ inline Status ErrorFrameStatus(uint8_t code, std::string message) {
   return Status(static_cast<StatusCode>(code), std::move(message));
 }
 
-}  // namespace larder::transfer::tcp
+}  // namespace larder::transfer::wire

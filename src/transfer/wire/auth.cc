@@ -1,11 +1,11 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
-#include "transfer/tcp/tcp_auth.h"
+#include "transfer/wire/auth.h"
 
 #include <cstring>
 
 #include "common/net.h"
 
-namespace larder::transfer::tcp {
+namespace larder::transfer::wire {
 namespace {
 
 // Payload fields are a u16 length (host order, like every integer of the protocol) and the bytes.
@@ -135,4 +135,4 @@ Status DecodeAuthOk(std::string_view payload, AuthMac* mac) {
   return reader.Finish();
 }
 
-}  // namespace larder::transfer::tcp
+}  // namespace larder::transfer::wire

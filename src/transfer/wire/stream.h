@@ -22,7 +22,7 @@
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
 
-namespace larder::transfer::tcp {
+namespace larder::transfer::wire {
 
 // An OpenSSL context for one side of the tcp data plane: the data server's (certificate and key)
 // or the client's (the CA that servers' certificates must chain to). TLS 1.3 only. Immutable after
@@ -109,4 +109,4 @@ class TcpStream {
 // connected IPv4 socket.
 Result<std::string> SocketEndpoint(int fd, bool local);
 
-}  // namespace larder::transfer::tcp
+}  // namespace larder::transfer::wire
