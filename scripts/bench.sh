@@ -14,6 +14,11 @@ export LARDER_LOG_LEVEL=${LARDER_LOG_LEVEL:-warn}
   "$bench" transfer --json --transport shm --op read --block-size 4K --batch 1 --working-set 4K
   "$bench" transfer --json --transport shm --threads 2 --block-size 4M,64M
   "$bench" transfer --json --transport tcp --block-size 4M,64M
+  # The ucx route over UCX's tcp, where the build has it (scripts/bench-ucx.sh compares it with
+  # ucx_perftest).
+  if "$bench" transfer --transport ucx --duration 0.01 --block-size 4K --op read >/dev/null 2>&1; then
+    UCX_TLS=tcp "$bench" transfer --json --transport ucx --block-size 4M,64M
+  fi
 } | tee "$out/transfer.jsonl"
 {
   "$bench" store --json --op put,get --value-size 4K --batch 128

@@ -19,15 +19,7 @@ void ServeDescriptors(FrameServer* server, const SegmentExports* exports) {
     }
     nlohmann::json list = nlohmann::json::array();
     for (const auto& d : exports->List()) list.push_back(nlohmann::json::parse(d.ToJson()));
-    std::string body = list.dump();
-    FrameHeader reply;
-    reply.type = FrameType::kDescribeReply;
-    reply.request_id = h.request_id;
-    reply.length = body.size();
-    uint8_t out[kFrameHeaderSize];
-    EncodeHeader(reply, out);
-    iovec iov[2] = {{out, sizeof(out)}, {body.data(), body.size()}};
-    return conn.stream().SendAllV(iov, 2, FrameDeadline()).ok();
+    return conn.SendReply(FrameType::kDescribeReply, h.request_id, list.dump()).ok();
   });
 }
 

@@ -100,6 +100,17 @@ void FrameServer::AcceptLoop() {
   }
 }
 
+Status FrameConnection::SendReply(FrameType type, uint64_t request_id, std::string_view payload) {
+  FrameHeader h;
+  h.type = type;
+  h.request_id = request_id;
+  h.length = payload.size();
+  uint8_t header[kFrameHeaderSize];
+  EncodeHeader(h, header);
+  iovec iov[2] = {{header, sizeof(header)}, {const_cast<char*>(payload.data()), payload.size()}};
+  return stream_.SendAllV(iov, 2, FrameDeadline());
+}
+
 Status FrameConnection::SendError(uint64_t request_id, const Status& status) {
   std::string message = status.message();
   FrameHeader h;
@@ -210,14 +221,7 @@ bool FrameServer::HandleAuth(FrameConnection* conn, const FrameHeader& h, AuthSt
   }
   auth->authenticated = true;
   std::string reply_payload = EncodeAuthOk(TcpServerMac(context_.auth_token, binding));
-  FrameHeader ok;
-  ok.type = FrameType::kAuthOk;
-  ok.request_id = h.request_id;
-  ok.length = reply_payload.size();
-  uint8_t out[kFrameHeaderSize];
-  EncodeHeader(ok, out);
-  iovec iov[2] = {{out, sizeof(out)}, {reply_payload.data(), reply_payload.size()}};
-  return stream.SendAllV(iov, 2, FrameDeadline()).ok();
+  return conn->SendReply(FrameType::kAuthOk, h.request_id, reply_payload).ok();
 }
 
 bool FrameServer::HandleFrame(FrameConnection* conn, const uint8_t* raw, AuthState* auth) {

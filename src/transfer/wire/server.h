@@ -32,6 +32,8 @@ class FrameConnection {
   TcpStream& stream() { return stream_; }
   // Sends an error frame for `request_id`.
   Status SendError(uint64_t request_id, const Status& status);
+  // Sends a frame of `type` for `request_id` that carries `payload`.
+  Status SendReply(FrameType type, uint64_t request_id, std::string_view payload);
 
  private:
   friend class FrameServer;
