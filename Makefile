@@ -1,9 +1,13 @@
 # Larder: `make run` and `make test` do all the set-up on a fresh Debian 12 machine.
 BUILD_DIR ?= build
 TEST_BUILD_DIR ?= build-asan
+FUZZ_BUILD_DIR ?= build-fuzz
 JOBS ?= 2
+# Seconds per fuzz target: `make fuzz` runs each this long; `make test` runs each briefly.
+FUZZ_SECONDS ?= 600
+TEST_FUZZ_SECONDS ?= 20
 
-.PHONY: all deps build run test bench format format-check clean help
+.PHONY: all deps build run test bench fuzz fuzz-build format format-check clean help
 
 all: build
 
@@ -11,6 +15,7 @@ help:
 	@echo "make run          install deps, build (Release), run the store demo (master + 3 processes)"
 	@echo "make test         install deps, build with ASan+UBSan in $(TEST_BUILD_DIR)/, run every test (ctest)"
 	@echo "make bench        build, run the benchmarks into bench/results/"
+	@echo "make fuzz         build the libFuzzer targets with clang in $(FUZZ_BUILD_DIR)/, run each FUZZ_SECONDS ($(FUZZ_SECONDS))"
 	@echo "make build        Release build into $(BUILD_DIR)/ (binaries in $(BUILD_DIR)/bin)"
 	@echo "make format       clang-format every source file"
 
@@ -28,11 +33,21 @@ test: deps
 	cmake -S . -B $(TEST_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLARDER_SANITIZE=ON
 	cmake --build $(TEST_BUILD_DIR) -j$(JOBS)
 	cd $(TEST_BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
+	$(MAKE) fuzz-build
+	scripts/fuzz.sh $(FUZZ_BUILD_DIR) $(TEST_FUZZ_SECONDS)
+
+fuzz-build: deps
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DLARDER_FUZZ=ON -DLARDER_BUILD_TESTS=OFF -DLARDER_BUILD_PYTHON=OFF
+	cmake --build $(FUZZ_BUILD_DIR) -j$(JOBS) --target larder-fuzzers
+
+fuzz: fuzz-build
+	scripts/fuzz.sh $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS)
 
 bench: build
 	scripts/bench.sh $(BUILD_DIR)
 
-SOURCES = $(shell find include src tools tests -name '*.cc' -o -name '*.h')
+SOURCES = $(shell find include src tools tests fuzz -name '*.cc' -o -name '*.h')
 
 format:
 	clang-format -i $(SOURCES)
@@ -41,4 +56,4 @@ format-check:
 	clang-format --dry-run --Werror $(SOURCES)
 
 clean:
-	rm -rf $(BUILD_DIR) $(TEST_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(TEST_BUILD_DIR) $(FUZZ_BUILD_DIR)

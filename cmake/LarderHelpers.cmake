@@ -42,3 +42,33 @@ function(larder_add_test name)
     DISCOVERY_TIMEOUT 60
     PROPERTIES ${properties})
 endfunction()
+
+# larder_add_fuzzer(NAME SOURCES a.cc LIBS lib1 ...)
+# A fuzz target: sources that define LLVMFuzzerTestOneInput. In a fuzz build (LARDER_FUZZ, clang)
+# it becomes the libFuzzer binary bin/fuzz/NAME, which `make fuzz` runs (scripts/fuzz.sh) on a copy
+# of its seed corpus, fuzz/corpus/NAME. In a test build it becomes NAME_replay, a test that feeds
+# every seed and every input in fuzz/regressions/NAME (crashes found before) through the same
+# code, so that the ASan build catches a regression without clang.
+function(larder_add_fuzzer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  if(LARDER_FUZZ)
+    add_executable(${name} ${ARG_SOURCES})
+    larder_target_defaults(${name})
+    target_link_libraries(${name} PRIVATE ${ARG_LIBS})
+    target_link_options(${name} PRIVATE -fsanitize=fuzzer)
+    set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin/fuzz)
+    if(NOT TARGET larder-fuzzers)
+      add_custom_target(larder-fuzzers)
+    endif()
+    add_dependencies(larder-fuzzers ${name})
+  elseif(LARDER_BUILD_TESTS)
+    add_executable(${name}_replay ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/fuzz/replay_main.cc)
+    larder_target_defaults(${name}_replay)
+    target_link_libraries(${name}_replay PRIVATE ${ARG_LIBS})
+    add_test(NAME ${name}_replay
+      COMMAND ${name}_replay ${PROJECT_SOURCE_DIR}/fuzz/corpus/${name}
+              ${PROJECT_SOURCE_DIR}/fuzz/regressions/${name})
+    set_tests_properties(${name}_replay PROPERTIES TIMEOUT 300
+      ENVIRONMENT "LARDER_LOG_LEVEL=warn")
+  endif()
+endfunction()

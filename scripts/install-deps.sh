@@ -35,6 +35,8 @@ packages=(
   etcd-client
   libucx-dev
   ucx-utils
+  clang
+  libclang-rt-14-dev
 )
 
 missing=()

@@ -89,7 +89,8 @@ Result<HostPort> ParseHostPort(std::string_view address) {
   hp.host = std::string(address.substr(0, colon));
   if (hp.host == "localhost") hp.host = "127.0.0.1";
   in_addr probe{};
-  if (inet_pton(AF_INET, hp.host.c_str(), &probe) != 1) {
+  // inet_pton reads up to a NUL: "1.2.3.4\0anything" must not pass as 1.2.3.4.
+  if (hp.host.find('\0') != std::string::npos || inet_pton(AF_INET, hp.host.c_str(), &probe) != 1) {
     return InvalidArgumentError("bad IPv4 address in '" + std::string(address) + "'");
   }
   uint32_t port = 0;

@@ -50,6 +50,9 @@ TEST(ParseHostPortTest, RejectsMalformedAddresses) {
     ASSERT_FALSE(parsed.ok()) << "'" << bad << "' parsed as " << parsed->ToString();
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << bad;
   }
+  // A NUL ends the string inet_pton sees; the host must not pass as its prefix.
+  using std::string_literals::operator""s;
+  EXPECT_EQ(ParseHostPort("1.2.3.4\0evil:80"s).status().code(), StatusCode::kInvalidArgument);
 }
 
 // A connected pair of TCP sockets on the loopback interface.

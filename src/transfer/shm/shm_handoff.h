@@ -118,9 +118,13 @@ class ShmHandoffServer {
   // Stops accepting and joins the serving thread. Fds already passed stay valid in their peers.
   void Stop();
 
+  // Serves one connected socket `fd` (the caller keeps it): one exchange, bounded by
+  // kHandoffTimeout. What the accept loop runs for each peer, and what the fuzz target drives.
+  // REQUIRES: Start succeeded.
+  void Serve(int fd);
+
  private:
   void AcceptLoop();
-  void Serve(int fd);
 
   EngineContext context_;
   std::vector<uint32_t> allowed_uids_;

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target of a fuzz build (make fuzz) for SECONDS each, one after the other.
+# Each target starts from a copy of its seed corpus (fuzz/corpus/<target>) plus its past crashes
+# (fuzz/regressions/<target>), in <build>/fuzz-corpus/<target>, so the tree is never written. A crash
+# leaves its input in <build>/fuzz-crashes/<target>/ and fails the run; copy it into
+# fuzz/regressions/<target>/ with the fix, and the test build replays it from then on.
+# Prints one JSON line per target: {"target", "seconds", "executions", "exec_per_s", "coverage",
+# "features", "corpus_inputs", "crashed"}.
+# usage: scripts/fuzz.sh BUILD_DIR [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:?usage: scripts/fuzz.sh BUILD_DIR [SECONDS]}
+seconds=${2:-300}
+bin="$build/bin/fuzz"
+[ -d "$bin" ] || { echo "fuzz: no fuzz targets in $bin (build with make fuzz)" >&2; exit 2; }
+failed=0
+for target in "$bin"/*; do
+  [ -x "$target" ] || continue
+  name=$(basename "$target")
+  corpus="$build/fuzz-corpus/$name"
+  crashes="$build/fuzz-crashes/$name"
+  log="$build/fuzz-logs/$name.log"
+  mkdir -p "$corpus" "$crashes" "$(dirname "$log")"
+  for seeds in "fuzz/corpus/$name" "fuzz/regressions/$name"; do
+    [ -d "$seeds" ] && cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
+  done
+  rc=0
+  LARDER_LOG_LEVEL=off "$target" -max_total_time="$seconds" -print_final_stats=1 \
+    -artifact_prefix="$crashes/" -timeout=10 -rss_limit_mb=4096 "$corpus" >"$log" 2>&1 || rc=$?
+  execs=$(awk '/stat::number_of_executed_units/{print $2}' "$log" | tail -1)
+  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | awk '{print $2}')
+  ft=$(grep -oE 'ft: [0-9]+' "$log" | tail -1 | awk '{print $2}')
+  inputs=$(find "$corpus" -type f | wc -l)
+  crashed=false
+  if [ "$rc" -ne 0 ]; then crashed=true; failed=1; fi
+  echo "{\"target\":\"$name\",\"seconds\":$seconds,\"executions\":${execs:-0},\"exec_per_s\":$(( ${execs:-0} / seconds )),\"coverage\":${cov:-0},\"features\":${ft:-0},\"corpus_inputs\":$inputs,\"crashed\":$crashed}"
+  if [ "$crashed" = true ]; then
+    echo "fuzz: $name failed (exit $rc); its log: $log; inputs: $crashes/" >&2
+    tail -40 "$log" >&2
+  fi
+done
+exit "$failed"

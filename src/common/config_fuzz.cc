@@ -1,0 +1,60 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// Fuzzes the parsers of configuration text (environment variables, flags, options): byte sizes,
+// durations, host:port addresses, huge-page modes and protocol strings. The first byte picks the
+// parser; what parses must be sane (a port in range, a protocol of registered routes).
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "common/env.h"
+#include "common/net.h"
+#include "larder/transfer_engine.h"
+
+using namespace larder;  // NOLINT: a fuzz target
+
+namespace {
+
+void Check(bool condition) {
+  if (!condition) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+  switch (data[0] % 6) {
+    case 0:
+      (void)ParseByteSize(text);
+      break;
+    case 1:
+      if (auto zero = ParseByteSize(text, /*allow_zero=*/true); zero.ok() && *zero != 0) {
+        Check(ParseByteSize(text).ok());
+      }
+      break;
+    case 2:
+      if (auto d = ParseDuration(text); d.ok()) Check(d->count() >= 0);
+      break;
+    case 3:
+      if (auto hp = ParseHostPort(text); hp.ok()) {
+        Check(hp->host.find('\0') == std::string::npos);
+        auto again = ParseHostPort(hp->ToString());
+        Check(again.ok() && again->host == hp->host && again->port == hp->port);
+      }
+      break;
+    case 4:
+      if (auto mode = ParseHugePages(text); mode.ok()) {
+        Check(ParseHugePages(HugePagesName(*mode)).ok());
+      }
+      break;
+    default:
+      if (auto routes = ParseProtocol(text); routes.ok()) {
+        Check(!routes->empty());
+        for (RouteKind route : *routes) Check(RoutePreference(route) < 1000000);
+      }
+      break;
+  }
+  return 0;
+}
