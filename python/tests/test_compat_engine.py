@@ -258,6 +258,22 @@ def remote_peer():
         proc.join()
 
 
+def stop_process(pid, timeout=10.0):
+    """SIGSTOP `pid` and wait until the kernel reports it stopped: the signal is only queued when
+    kill returns, and a peer that runs on a moment longer can still answer a request."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):  # every thread of it
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop within {timeout} s")
+
+
 def test_native_wait_on_a_stopped_peer(remote_peer):
     """A peer that stops answering (SIGSTOP): the batch runs until its requests' deadline, wait
     with a timeout raises DeadlineExceededError meanwhile, and the blocking wait releases the
@@ -267,7 +283,7 @@ def test_native_wait_on_a_stopped_peer(remote_peer):
         handle = engine.open_segment(info["session"], f"mem@0x{info['base']:x}")
         local = np.ones(4096, np.uint8)
         assert engine.write(handle, 0, local) == 4096  # connections are up
-        os.kill(proc.pid, signal.SIGSTOP)
+        stop_process(proc.pid)
         batch = engine.submit([larder.TransferRequest("write", local.ctypes.data, handle, 0,
                                                       4096)], timeout=2)
         assert not engine.poll(batch)
@@ -568,7 +584,7 @@ def test_timed_out_transfers(te_module, remote_peer, monkeypatch):
         local_buffer = np.ones(4096, np.uint8)  # kept alive: the engine reads it
         local = local_buffer.ctypes.data
         assert engine.transfer_sync_write(target, local, base, 4096) == 0
-        os.kill(proc.pid, signal.SIGSTOP)
+        stop_process(proc.pid)
         start = time.monotonic()
         single = engine.transfer_submit_write(target, local, base, 4096)
         batch = engine.batch_transfer_async_write(target, [local], [base + 4096], [4096])
