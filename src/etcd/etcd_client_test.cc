@@ -10,6 +10,7 @@
 
 #include "common/net.h"
 #include "etcd/etcd_test_server.h"
+#include "transfer/testing/test_util.h"
 
 namespace larder::etcd {
 namespace {
@@ -17,17 +18,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using std::chrono::steady_clock;
-
-// Polls `condition` until it holds or `timeout` passes.
-template <typename Condition>
-bool WaitFor(Condition condition, milliseconds timeout) {
-  const auto deadline = steady_clock::now() + timeout;
-  while (!condition()) {
-    if (steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return true;
-}
 
 // A loopback port nothing listens on (it was free a moment ago).
 std::string DeadEndpoint() {
@@ -153,8 +143,8 @@ TEST_F(EtcdClientTest, LeaseKeepAliveExpiryAndRevoke) {
   EXPECT_EQ((*kept)->lease, lease->id);
 
   // Left alone, it expires and takes the key with it.
-  EXPECT_TRUE(
-      WaitFor([&] { return !client_->Get("/t/leased").value_or({}).has_value(); }, seconds(10)));
+  EXPECT_TRUE(testutil::WaitUntil(
+      [&] { return !client_->Get("/t/leased").value_or({}).has_value(); }, seconds(10)));
   EXPECT_EQ(client_->KeepAlive(lease->id).status().code(), StatusCode::kNotFound);
 
   auto revoked = client_->GrantLease(seconds(30));
@@ -213,7 +203,7 @@ TEST_F(EtcdClientTest, KeepAliveStreamSurvivesARestartAndAPause) {
 
   ASSERT_TRUE(server_->Restart().ok());
   // The stream broke with the restart; the next calls reopen it (the lease survived).
-  EXPECT_TRUE(WaitFor([&] { return client->KeepAlive(lease->id).ok(); }, seconds(10)));
+  EXPECT_TRUE(testutil::WaitUntil([&] { return client->KeepAlive(lease->id).ok(); }, seconds(10)));
 
   server_->Pause();
   const auto before = steady_clock::now();
@@ -223,7 +213,7 @@ TEST_F(EtcdClientTest, KeepAliveStreamSurvivesARestartAndAPause) {
   auto get = client->Get("/t/x");
   EXPECT_EQ(get.status().code(), StatusCode::kUnavailable) << get.status();
   server_->Resume();
-  EXPECT_TRUE(WaitFor([&] { return client->KeepAlive(lease->id).ok(); }, seconds(10)));
+  EXPECT_TRUE(testutil::WaitUntil([&] { return client->KeepAlive(lease->id).ok(); }, seconds(10)));
 }
 
 TEST_F(EtcdClientTest, FindLeader) {

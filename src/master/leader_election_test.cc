@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "etcd/etcd_test_server.h"
+#include "transfer/testing/test_util.h"
 
 namespace larder::master {
 namespace {
@@ -17,17 +18,6 @@ using Role = LeaderElection::Role;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using std::chrono::steady_clock;
-
-// Polls `condition` until it holds or `timeout` passes.
-template <typename Condition>
-bool WaitFor(Condition condition, milliseconds timeout) {
-  const auto deadline = steady_clock::now() + timeout;
-  while (!condition()) {
-    if (steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return true;
-}
 
 bool Contains(const Status& status, std::string_view text) {
   return status.message().find(text) != std::string::npos;
@@ -86,10 +76,10 @@ class LeaderElectionTest : public ::testing::Test {
 TEST_F(LeaderElectionTest, OneOfTwoLeadsAndTheOtherNamesIt) {
   auto a = Elect(Options("10.0.0.1:50051"));
   ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return a->role() == Role::kLeader; }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15)));
   auto b = Elect(Options("10.0.0.2:50051"));
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return b->leader().has_value(); }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15)));
 
   EXPECT_TRUE(a->CheckServing().ok()) << a->CheckServing();
   Status standby = b->CheckServing();
@@ -113,10 +103,10 @@ TEST_F(LeaderElectionTest, ACleanStopHandsOverPromptly) {
   // A long TTL: a hand-over within it cannot come from the lease lapsing.
   auto a = Elect(Options("10.0.0.1:50051", seconds(6)));
   ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return a->role() == Role::kLeader; }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15)));
   auto b = Elect(Options("10.0.0.2:50051", seconds(6)));
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return b->leader().has_value(); }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15)));
 
   const auto stopped = steady_clock::now();
   a->Stop();
@@ -124,7 +114,7 @@ TEST_F(LeaderElectionTest, ACleanStopHandsOverPromptly) {
   Status after = a->CheckServing();
   EXPECT_EQ(after.code(), StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(after, "shutting down")) << after;
-  ASSERT_TRUE(WaitFor([&] { return b->CheckServing().ok(); }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return b->CheckServing().ok(); }, seconds(15)));
   // The old lease could not lapse for another 4 s (it was renewed within the last 2 s).
   EXPECT_LT(steady_clock::now() - stopped, seconds(4));
   EXPECT_EQ(b->role(), Role::kLeader);
@@ -135,10 +125,10 @@ TEST_F(LeaderElectionTest, ACleanStopHandsOverPromptly) {
 TEST_F(LeaderElectionTest, AHungLeaderStopsServingBeforeTheStandbyTakesOver) {
   auto a = Elect(Options("10.0.0.1:50051"));
   ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return a->role() == Role::kLeader; }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15)));
   auto b = Elect(Options("10.0.0.2:50051"));
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return b->leader().has_value(); }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15)));
 
   a->AbandonForTesting();  // no more keep-alives; its key stays until the lease lapses
   bool a_stopped_first = true;
@@ -180,12 +170,13 @@ TEST_F(LeaderElectionTest, ALeaderCutOffFromEtcdFencesItselfWithinItsTtl) {
   };
   auto a = Elect(options);
   ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return a->CheckServing().ok(); }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return a->CheckServing().ok(); }, seconds(15)));
 
   const auto cut = steady_clock::now();
   etcd_->Stop();
   // The deadline ran from a keep-alive sent before the cut, so it passes within one TTL.
-  ASSERT_TRUE(WaitFor([&] { return !a->CheckServing().ok(); }, seconds(2) + seconds(2)));
+  ASSERT_TRUE(
+      testutil::WaitUntil([&] { return !a->CheckServing().ok(); }, seconds(2) + seconds(2)));
   EXPECT_LE(steady_clock::now() - cut, seconds(2) + milliseconds(500));
   Status fenced = a->CheckServing();
   EXPECT_EQ(fenced.code(), StatusCode::kUnavailable);
@@ -193,7 +184,7 @@ TEST_F(LeaderElectionTest, ALeaderCutOffFromEtcdFencesItselfWithinItsTtl) {
   EXPECT_TRUE(Contains(fenced, "its etcd lease lapsed at")) << fenced;
   EXPECT_TRUE(Contains(fenced, "etcd unreachable: ")) << fenced;
   EXPECT_EQ(a->role(), Role::kFenced);
-  ASSERT_TRUE(WaitFor(
+  ASSERT_TRUE(testutil::WaitUntil(
       [&] {
         std::lock_guard lock(mu);
         return !lost.empty();
@@ -223,10 +214,10 @@ TEST_F(LeaderElectionTest, ALeaderCutOffFromEtcdFencesItselfWithinItsTtl) {
 TEST_F(LeaderElectionTest, APausedEtcdFencesTheLeaderAndAStandbyLeadsAfter) {
   auto a = Elect(Options("10.0.0.1:50051"));
   ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return a->role() == Role::kLeader; }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15)));
   auto b = Elect(Options("10.0.0.2:50051"));
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return b->leader().has_value(); }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15)));
 
   etcd_->Pause();
   EXPECT_TRUE(SampleUntil(

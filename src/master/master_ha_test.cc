@@ -16,6 +16,7 @@
 #include "etcd/etcd_test_server.h"
 #include "master.grpc.pb.h"
 #include "master/master_server.h"
+#include "transfer/testing/test_util.h"
 
 namespace larder::master {
 namespace {
@@ -23,16 +24,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using std::chrono::steady_clock;
-
-template <typename Condition>
-bool WaitFor(Condition condition, milliseconds timeout) {
-  const auto deadline = steady_clock::now() + timeout;
-  while (!condition()) {
-    if (steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(20));  // polling interval, bounded by the deadline
-  }
-  return true;
-}
 
 // /health's "role", or what went wrong.
 std::string HealthRole(int http_port) {
@@ -141,7 +132,7 @@ class MasterHaTest : public ::testing::Test {
 TEST_F(MasterHaTest, TheStandbyRefusesCallsNamingTheLeaderAndTakesOverOnShutdown) {
   auto a = MasterServer::Start(HaOptions());
   ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(WaitFor([&] { return (*a)->role() == "leader"; }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return (*a)->role() == "leader"; }, seconds(15)));
   auto b = MasterServer::Start(HaOptions());
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->role(), "standby");
@@ -151,7 +142,7 @@ TEST_F(MasterHaTest, TheStandbyRefusesCallsNamingTheLeaderAndTakesOverOnShutdown
   EXPECT_TRUE(GetStats((*a)->address()).ok());
   // The standby answers once it knows the leader.
   grpc::Status refused;
-  ASSERT_TRUE(WaitFor(
+  ASSERT_TRUE(testutil::WaitUntil(
       [&] {
         refused = GetStats((*b)->address());
         return refused.error_message().find("the leader is at") != std::string::npos;
@@ -166,7 +157,7 @@ TEST_F(MasterHaTest, TheStandbyRefusesCallsNamingTheLeaderAndTakesOverOnShutdown
 
   (*a)->Shutdown();
   EXPECT_EQ((*a)->role(), "stopped");
-  ASSERT_TRUE(WaitFor([&] { return (*b)->role() == "leader"; }, seconds(15)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return (*b)->role() == "leader"; }, seconds(15)));
   EXPECT_TRUE(GetStats((*b)->address()).ok());
   EXPECT_EQ(HealthRole((*b)->http_port()), "leader");
 }
@@ -200,7 +191,7 @@ TEST_F(MasterHaTest, ProcessesTheStandbyReplacesAKilledLeader) {
 
   Master a = spawn();
   ASSERT_GT(a.http_port, 0);
-  ASSERT_TRUE(WaitFor([&] { return HealthRole(a.http_port) == "leader"; }, seconds(20)))
+  ASSERT_TRUE(testutil::WaitUntil([&] { return HealthRole(a.http_port) == "leader"; }, seconds(20)))
       << HealthRole(a.http_port);
   Master b = spawn();
   ASSERT_GT(b.http_port, 0);
@@ -211,10 +202,10 @@ TEST_F(MasterHaTest, ProcessesTheStandbyReplacesAKilledLeader) {
   const auto killed = steady_clock::now();
   a.process.Kill(SIGKILL);
   // The lease lapses within its TTL (2 s) of the last keep-alive; then a poll finds the key gone.
-  ASSERT_TRUE(WaitFor([&] { return HealthRole(b.http_port) == "leader"; }, seconds(20)))
+  ASSERT_TRUE(testutil::WaitUntil([&] { return HealthRole(b.http_port) == "leader"; }, seconds(20)))
       << HealthRole(b.http_port);
   EXPECT_GE(steady_clock::now() - killed, milliseconds(500));  // it waited for the lease
-  EXPECT_TRUE(WaitFor([&] { return GetStats(b.address).ok(); }, seconds(5)));
+  EXPECT_TRUE(testutil::WaitUntil([&] { return GetStats(b.address).ok(); }, seconds(5)));
 }
 
 // A leading process cut off from etcd stops serving and exits with status 3.
@@ -228,7 +219,7 @@ TEST_F(MasterHaTest, ProcessesALeaderCutOffFromEtcdExitsWithStatus3) {
   ASSERT_TRUE(child.ok()) << child.status();
   const std::string& ready = child->address();
   const int http_port = std::stoi(ready.substr(ready.find(' ') + 1));
-  ASSERT_TRUE(WaitFor([&] { return HealthRole(http_port) == "leader"; }, seconds(20)));
+  ASSERT_TRUE(testutil::WaitUntil([&] { return HealthRole(http_port) == "leader"; }, seconds(20)));
 
   etcd_->Stop();
   // Fenced within the TTL, exits one TTL later: its stdout closes.
