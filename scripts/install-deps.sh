@@ -37,6 +37,7 @@ packages=(
   ucx-utils
   clang
   libclang-rt-14-dev
+  gdb
 )
 
 missing=()

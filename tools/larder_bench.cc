@@ -12,6 +12,8 @@
 //             PD KV pages from them on host B (a network namespace when root allows)
 //   failover  kill -9 the master under load: when puts and gets resume, how long the rebuild
 //             takes, and how many stored objects stay readable
+//   soak      mixed load for a long time with faults injected on a schedule: wrong bytes,
+//             errors expected and not, and every process's RSS and fds over time
 // Every subcommand accepts --json (the internal workers speak JSON anyway).
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -27,6 +29,7 @@
 #include "bench/registration_bench.h"
 #include "bench/replay_bench.h"
 #include "bench/replay_worker.h"
+#include "bench/soak_bench.h"
 #include "bench/store_bench.h"
 #include "bench/store_worker.h"
 #include "bench/target.h"
@@ -397,6 +400,78 @@ int main(int argc, char** argv) {
                "resume_get_s, rebuild_s, client_errors, steady_put_ops, steady_get_ops, ...; "
                "tools/bench/failover_bench.h) instead of a table; progress goes to stderr");
 
+  larder::bench::SoakBenchOptions soak;
+  std::string soak_faults = "client_kill,master_restart,master_pause,peer_stall";
+  auto* so = app.add_subcommand(
+      "soak",
+      "mixed put/get/remove across client processes for a long time, with faults injected on a "
+      "schedule; reports wrong bytes, errors (expected during a fault, unexpected otherwise) and "
+      "every process's RSS and open fds over time");
+  so->footer(
+      "A larder-master process and --clients store clients, each with a small segment (eviction "
+      "runs all the time), put fresh keys (sizes vary per key), get their own and the others' "
+      "keys (every value verified) and remove some. After --warmup, every --fault-every seconds "
+      "one fault, in turn from --faults: client_kill (SIGKILL a random client, start a new one "
+      "with its segment name), master_restart (SIGKILL the master, start one on its port), "
+      "master_pause (SIGSTOP the master for --client-ttl + 2 s), peer_stall (SIGSTOP a random "
+      "client for --stall s). An error during a fault or within --grace s after it is "
+      "expected; any other error, and any wrong value, is not. Exit status: 0 clean, 3 when a "
+      "value was wrong or an error unexpected, 1 when the cluster could not be set up.");
+  so->add_option("--duration", soak.duration_s, "seconds of load")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  so->add_option("--clients", soak.clients, "store client processes")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  so->add_option("--segment-size", soak.segment_size, "bytes of each client's segment")
+      ->transform(ByteSize())
+      ->default_str("64M");
+  so->add_option("--min-value", soak.min_value, "smallest value (sizes vary per key)")
+      ->transform(ByteSize())
+      ->default_str("1K");
+  so->add_option("--max-value", soak.max_value, "largest value")
+      ->transform(ByteSize())
+      ->default_str("64K");
+  so->add_option("--batch", soak.batch, "keys per batch call")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  so->add_option("--interval-ms", soak.interval_ms, "pause of each client after each batch")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  so->add_option("--warmup", soak.warmup_s,
+                 "seconds before the first fault, and after a process starts before its RSS and "
+                 "fds are its baseline")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  so->add_option("--fault-every", soak.fault_every_s, "seconds between faults")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  so->add_option("--faults", soak_faults,
+                 "faults that take turns, comma-separated (none: \"\" for a run without faults)")
+      ->capture_default_str();
+  so->add_option("--client-ttl", soak.client_ttl_s,
+                 "the master's --client-ttl in seconds; master_pause lasts this plus 2 s")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  so->add_option("--stall", soak.stall_s, "seconds of a peer_stall (less than --client-ttl)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  so->add_option("--grace", soak.grace_s,
+                 "seconds after a fault's end during which errors are expected")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  so->add_option("--seed", soak.seed, "which client each fault takes, and the first fault")
+      ->capture_default_str();
+  so->add_option("--protocol", soak.protocol, "store protocol of the clients")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+      ->capture_default_str();
+  so->add_option("--master-binary", soak.master_binary,
+                 "larder-master to run (default: the one beside larder-bench)");
+  so->add_flag("--json", soak.json,
+               "one JSON object (duration_s, ops, faults_injected, wrong_bytes, "
+               "unexpected_errors, expected_errors, rss_growth_bytes, fd_growth, ...; "
+               "tools/bench/soak_bench.h) instead of a table; progress goes to stderr");
+
   bool deployment_worker_json = false;  // the deployment workers always print JSON
   larder::bench::DeploymentPrefillOptions deployment_prefill;
   auto* dp = app.add_subcommand("deployment-prefill", "a host-A prefill of deployment (internal)");
@@ -452,6 +527,16 @@ int main(int argc, char** argv) {
     return larder::bench::RunDeploymentDecode(deployment_decode);
   }
 
+  if (so->parsed()) {
+    soak.faults.clear();
+    for (size_t at = 0; at < soak_faults.size();) {
+      size_t comma = soak_faults.find(',', at);
+      if (comma == std::string::npos) comma = soak_faults.size();
+      if (comma > at) soak.faults.push_back(soak_faults.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return larder::bench::RunSoakBench(soak);
+  }
   if (fo->parsed()) {
     failover.ha = failover_ha == "on";
     return larder::bench::RunFailoverBench(failover);

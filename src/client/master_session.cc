@@ -191,8 +191,13 @@ void MasterSession::Loop() {
       next_heartbeat = SteadyClock::now() + interval;
     }
     if (options_.segment_memory) {
-      for (int rounds = 0; rounds < 64 && SyncCatalog(); ++rounds) {
+      // Applied REMOVEs are acknowledged at once, by one more round: the master holds the
+      // ranges they free until then (so that no catalog names bytes another object wrote).
+      bool removed = false;
+      for (int rounds = 0; rounds < 64 && SyncCatalog(&removed); ++rounds) {
       }
+      bool later = false;  // what this round brings is acknowledged by the next wake's
+      if (removed) SyncCatalog(&later);
     }
     lock.lock();
   }
@@ -229,7 +234,7 @@ void MasterSession::Heartbeat(bool* reachable, std::chrono::milliseconds* interv
   }
 }
 
-bool MasterSession::SyncCatalog() {
+bool MasterSession::SyncCatalog(bool* removed) {
   const uint64_t generation = generation_.load();
   proto::SyncCatalogRequest request;
   proto::SyncCatalogReply reply;
@@ -271,6 +276,12 @@ bool MasterSession::SyncCatalog() {
     }
     if (changes.reset()) catalog_full_sync_ = false;
     more = more || changes.more();
+    // A reset drops entries too.
+    *removed = *removed || changes.reset() ||
+               std::any_of(changes.changes().begin(), changes.changes().end(),
+                           [](const proto::CatalogChange& change) {
+                             return change.kind() == proto::CatalogChange::REMOVE;
+                           });
   }
   return more;
 }

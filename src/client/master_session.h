@@ -77,8 +77,9 @@ class MasterSession {
   Status MountWithTakeOver();
   void Loop();
   void Heartbeat(bool* reachable, std::chrono::milliseconds* interval);
-  // Brings the catalog up to date; true when the master has more changes waiting.
-  bool SyncCatalog();
+  // Brings the catalog up to date; true when the master has more changes waiting. Sets *removed
+  // when the reply held REMOVEs, which the master's next sync learns were applied.
+  bool SyncCatalog(bool* removed);
 
   const MasterClient* master_;
   const MasterSessionOptions options_;

@@ -63,9 +63,39 @@ void CatalogFeed::BeginReset(Log& log) {
   log.snapshot_shard = 0;
 }
 
-void CatalogFeed::AddSegment(SegmentId id, bool reset) {
+template <typename Done>
+void CatalogFeed::Release(Log& log, Done done, std::vector<StoredReplica>* released) {
+  uint64_t bytes = 0;
+  std::erase_if(log.held, [&](const Log::Held& held) {
+    if (!done(held.seq)) return false;
+    bytes += held.size;
+    if (released != nullptr) released->push_back(held.replica);
+    return true;
+  });
+  held_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+bool CatalogFeed::Hold(const StoredReplica& replica, uint64_t size, uint64_t seq) {
+  if (seq == 0) return false;
+  Stripe& stripe = StripeOf(replica.segment_id);
+  std::lock_guard lock(stripe.mu);
+  auto it = stripe.logs.find(replica.segment_id);
+  if (it == stripe.logs.end()) return false;
+  Log& log = *it->second;
+  if (!log.read && !log.owner_has_catalog) {
+    log.freed_unread = true;
+    return false;
+  }
+  if (seq != kAfterReset && seq <= log.acknowledged) return false;
+  log.held.push_back(Log::Held{replica, size, seq});
+  held_bytes_.fetch_add(size, std::memory_order_relaxed);
+  return true;
+}
+
+void CatalogFeed::AddSegment(SegmentId id, bool reset, bool owner_has_catalog) {
   auto log = std::make_unique<Log>();
   log->snapshot_shard = shard_count_;
+  log->owner_has_catalog = owner_has_catalog || reset;
   if (reset) BeginReset(*log);
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
@@ -80,15 +110,18 @@ void CatalogFeed::RemoveSegment(SegmentId id) {
   if (it == stripe.logs.end()) return;
   removed = std::move(it->second);
   stripe.logs.erase(it);
+  // Its ranges go with the segment.
+  Release(
+      *removed, [](uint64_t) { return true; }, nullptr);
 }
 
-void CatalogFeed::Append(SegmentId id, const LoggedChange& change) {
+uint64_t CatalogFeed::Append(SegmentId id, const LoggedChange& change) {
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
   auto it = stripe.logs.find(id);
-  if (it == stripe.logs.end()) return;
+  if (it == stripe.logs.end()) return 0;
   Log& log = *it->second;
-  if (log.overflowed) return;
+  if (log.overflowed) return kAfterReset;
   if (log.pending() >= log.bound()) {
     // The owner is not keeping up (or not asking): rather than holding an unbounded log, the
     // master sends the whole catalog again once it asks.
@@ -97,9 +130,10 @@ void CatalogFeed::Append(SegmentId id, const LoggedChange& change) {
     log.reset_seq = 0;
     log.snapshot_shard = shard_count_;
     resets_.fetch_add(1, std::memory_order_relaxed);
-    return;
+    return kAfterReset;
   }
   log.Push(change);
+  return log.next_seq - 1;
 }
 
 void CatalogFeed::AppendSnapshot(SegmentId id, const LoggedChange& change) {
@@ -141,14 +175,25 @@ void CatalogFeed::Append(const TouchBatch& batch) {
   }
 }
 
-bool CatalogFeed::Acknowledge(SegmentId id, uint64_t ack, bool full) {
+bool CatalogFeed::Acknowledge(SegmentId id, uint64_t ack, bool full,
+                              std::vector<StoredReplica>* released) {
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
   auto it = stripe.logs.find(id);
   if (it == stripe.logs.end()) return false;
   Log& log = *it->second;
+  const bool first_read = !log.read;
   log.read = true;
-  if (log.overflowed) {
+  if (ack < log.next_seq) {
+    // The owner has applied every change up to `ack` (a reset's snapshot too is current to a
+    // point after every change before it): the ranges those REMOVEs freed go back.
+    log.acknowledged = std::max(log.acknowledged, ack);
+    Release(
+        log, [ack](uint64_t seq) { return seq != kAfterReset && seq <= ack; }, released);
+  }
+  if (log.overflowed || (first_read && log.freed_unread && log.reset_seq == 0)) {
+    // Cut short, or ranges went back before the owner read anything: the owner gets a snapshot,
+    // in which no removed object is.
     BeginReset(log);
     return true;
   }
@@ -161,8 +206,12 @@ bool CatalogFeed::Acknowledge(SegmentId id, uint64_t ack, bool full) {
   }
   if (log.reset_seq != 0) {
     if (!owed_reset) {
+      // The owner has dropped its old catalog and applied the reset up to `ack`.
       log.reset_seq = 0;
       log.DropThrough(ack);
+      // Its catalog now has none of the objects removed while the log was cut short.
+      Release(
+          log, [](uint64_t seq) { return seq == kAfterReset; }, released);
     }
     return true;
   }

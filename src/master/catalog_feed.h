@@ -7,6 +7,11 @@
 //
 // Sequence numbers are per segment, start at 1, increase by one per change and are never reused.
 // A client acknowledges the last change it applied; changes up to there are dropped.
+//
+// A range that a REMOVE gave up is held here until the owner acknowledges that REMOVE (Hold):
+// until then the owner's catalog may still name the removed object there, and a master that
+// rebuilt from that catalog would serve whatever a new object wrote into the range as the old
+// object's value. Held, the range keeps its bytes until the owner's catalog no longer names them.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
@@ -22,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "master/segment_table.h"
 #include "master/types.h"
 
 namespace larder::master {
@@ -37,6 +43,8 @@ inline constexpr size_t kMaxPendingCatalogChangesUnread = size_t{1} << 16;
 // (about 64 bytes each on the wire, so that a reply stays far below the 256 MiB message limit).
 inline constexpr size_t kMaxCatalogChangesPerSegment = 65536;
 inline constexpr size_t kMaxCatalogChangesPerReply = 4 * kMaxCatalogChangesPerSegment;
+// Append's answer for a change that the log, cut short, leaves to the coming reset's snapshot.
+inline constexpr uint64_t kAfterReset = UINT64_MAX;
 
 // A change as it is logged. `key` is the caller's memory, copied by the feed. REQUIRES: key has
 // at most kMaxKeyBytes (65535) bytes.
@@ -86,15 +94,18 @@ class CatalogFeed {
 
   // Starts the (empty) log of a new segment. With `reset`, the owner must drop the catalog it
   // holds: its first read answers reset, with a snapshot of the segment's objects.
-  void AddSegment(SegmentId id, bool reset);
+  // `owner_has_catalog`: the owner mounted it with catalog entries (an owner without any holds
+  // nothing stale until it reads, so ranges need not wait for it until then; see Hold).
+  void AddSegment(SegmentId id, bool reset, bool owner_has_catalog = true);
   // Forgets the segment's log. Appends for it are ignored from now on.
   void RemoveSegment(SegmentId id);
 
   // Logs ADD or REMOVE. Past kMaxPendingCatalogChanges pending changes (or
   // kMaxPendingCatalogChangesUnread before the log's first Acknowledge) the log is cleared and
   // marked for a reset; until that reset starts, changes are not logged (the snapshot will hold
-  // their outcome). A segment without a log: ignored.
-  void Append(SegmentId id, const LoggedChange& change);
+  // their outcome). Returns the change's sequence number: kAfterReset when it was left to a reset,
+  // 0 when the segment has no log (the change is ignored).
+  uint64_t Append(SegmentId id, const LoggedChange& change);
   // Logs each touch (best effort: dropped past half the bound of pending changes).
   void Append(const TouchBatch& batch);
 
@@ -103,8 +114,22 @@ class CatalogFeed {
   // Drops the changes up to `ack` and starts a reset where one is due: the log overflowed, `ack`
   // is one it cannot continue from (past the last change, or before changes dropped), or the
   // owner asks (`full`) and is not already owed a reset. Returns false when the segment has no
-  // log.
-  bool Acknowledge(SegmentId id, uint64_t ack, bool full = false);
+  // log. Ranges held for changes the owner has now applied are appended to *released (when given),
+  // for the caller to free.
+  bool Acknowledge(SegmentId id, uint64_t ack, bool full = false,
+                   std::vector<StoredReplica>* released = nullptr);
+
+  // ---- ranges that wait for their owner ----
+
+  // Holds `replica` (`size` bytes), which the change `seq` of its segment's log removed, until
+  // the owner acknowledges that change (kAfterReset: until it has taken the coming reset). Returns
+  // false when it need not wait: the segment has no log (0, or forgotten), the owner has
+  // acknowledged `seq` already, or the owner holds no catalog yet (it mounted without one and has
+  // not read since: its first read is then a reset, a snapshot without the removed object); the
+  // caller frees it then.
+  bool Hold(const StoredReplica& replica, uint64_t size, uint64_t seq);
+  // Bytes held now, over every segment.
+  uint64_t held_bytes() const { return held_bytes_.load(std::memory_order_relaxed); }
   // During a reset, the next shard whose objects on the segment are to be appended as a snapshot
   // (with AppendSnapshot, under that shard's lock), while fewer than `limit` changes after `ack`
   // wait; nullopt when none is to be scanned now. Each shard is handed out once per reset.
@@ -142,12 +167,23 @@ class CatalogFeed {
     uint64_t next_seq = 1;   // of the next change logged
     size_t front_skip = 0;   // changes of the front chunk already dropped
     std::deque<std::unique_ptr<Chunk>> chunks;
-    bool overflowed = false;  // cleared; a reset starts at the next Acknowledge
-    bool read = false;        // acknowledged at least once: the larger bound applies
+    bool overflowed = false;        // cleared; a reset starts at the next Acknowledge
+    bool read = false;              // acknowledged at least once: the larger bound applies
+    bool owner_has_catalog = true;  // mounted with catalog entries
+    bool freed_unread = false;      // ranges went back before the first read: it is a reset
     // A reset in progress: the owner must drop its catalog before applying the changes from
     // reset_seq on (0: none), and shards from snapshot_shard on are still to be scanned.
     uint64_t reset_seq = 0;
     size_t snapshot_shard = 0;
+    // The last change the owner acknowledged (ranges removed up to it are free).
+    uint64_t acknowledged = 0;
+    // Ranges that wait for the owner: the REMOVE that gave each up, or kAfterReset.
+    struct Held {
+      StoredReplica replica;
+      uint64_t size = 0;
+      uint64_t seq = 0;
+    };
+    std::vector<Held> held;
 
     uint64_t pending() const { return next_seq - first_seq - front_skip; }
     size_t bound() const {
@@ -165,12 +201,17 @@ class CatalogFeed {
 
   Stripe& StripeOf(SegmentId id) { return stripes_[id % kStripes]; }
   const Stripe& StripeOf(SegmentId id) const { return stripes_[id % kStripes]; }
-  // Clears the log and starts a reset from its next change. REQUIRES: its stripe's mu held.
+  // Clears the log and starts a reset from its next change; held ranges then wait for the reset.
+  // REQUIRES: its stripe's mu held.
   void BeginReset(Log& log);
+  // Moves the held ranges that `done` says may go to *released. REQUIRES: its stripe's mu held.
+  template <typename Done>
+  void Release(Log& log, Done done, std::vector<StoredReplica>* released);
 
   const size_t shard_count_;
   std::array<Stripe, kStripes> stripes_;
   std::atomic<uint64_t> resets_{0};
+  std::atomic<uint64_t> held_bytes_{0};
 };
 
 }  // namespace larder::master

@@ -78,7 +78,7 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
   };
   uint64_t freed = 0;
   std::vector<Candidate> candidates;
-  std::vector<StoredReplica> replicas;
+  std::vector<FreedReplica> replicas;
   // Per shard, from pass 1: its oldest candidate's tick (UINT64_MAX: none), and how far the walk
   // went, which is as far as pass 2 needs to look.
   std::vector<uint64_t> oldest_tick(shard_count_);
@@ -157,9 +157,7 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
           Object* next = object->newer;
           if (object->last_access <= threshold && !object->Leased(now)) {
             uint64_t object_bytes = object->size * object->replica_count;
-            std::span<const StoredReplica> held = object->replicas();
-            replicas.insert(replicas.end(), held.begin(), held.end());
-            LogRemovedLocked(object);
+            LogRemovedLocked(object, &replicas);
             shard.Erase(object);
             objects_.fetch_sub(1, std::memory_order_relaxed);
             freed_this_round += object_bytes;
@@ -170,7 +168,7 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
         }
       }
       *scanned += walked;
-      segments_.Free(replicas);
+      FreeReplicas(replicas);
     }
     freed += freed_this_round;
     idle_rounds = freed_this_round == 0 ? idle_rounds + 1 : 0;
@@ -180,6 +178,8 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
 
 void MasterState::EvictAboveWatermark() {
   SegmentTable::Usage usage = segments_.usage();
+  // Ranges held for their owners come back without evicting anything more.
+  usage.used -= std::min(usage.used, feed_.held_bytes());
   double capacity = static_cast<double>(usage.capacity);
   if (usage.capacity == 0 || options_.eviction_high_watermark >= 1.0 ||
       static_cast<double>(usage.used) <= capacity * options_.eviction_high_watermark) {
@@ -188,6 +188,35 @@ void MasterState::EvictAboveWatermark() {
   auto target = static_cast<uint64_t>(std::llround(
       capacity * std::max(0.0, options_.eviction_high_watermark - options_.eviction_ratio)));
   if (usage.used > target) Evict(usage.used - target);
+}
+
+void MasterState::EvictForHeadroom(int64_t now) {
+  if (options_.eviction_headroom.count() <= 0) return;
+  const uint64_t put_bytes = counters_.put_bytes.load(std::memory_order_relaxed);
+  double rate = 0;
+  {
+    std::lock_guard lock(rate_mu_);
+    const int64_t elapsed = now - put_rate_at_;
+    if (put_rate_at_ == 0 || elapsed <= 0) {
+      put_rate_at_ = now;
+      put_rate_bytes_ = put_bytes;
+      return;
+    }
+    const double recent =
+        static_cast<double>(put_bytes - put_rate_bytes_) * 1e9 / static_cast<double>(elapsed);
+    // Smoothed over about a second of sweeps.
+    put_rate_ = put_rate_ == 0 ? recent : 0.7 * put_rate_ + 0.3 * recent;
+    put_rate_at_ = now;
+    put_rate_bytes_ = put_bytes;
+    rate = put_rate_;
+  }
+  SegmentTable::Usage usage = segments_.usage();
+  const double window = std::chrono::duration<double>(options_.eviction_headroom).count();
+  const auto target =
+      static_cast<uint64_t>(std::min(static_cast<double>(usage.capacity) / 4, rate * window));
+  const uint64_t free = usage.capacity - std::min(usage.used, usage.capacity);
+  const uint64_t coming = feed_.held_bytes();
+  if (free + coming < target) Evict(target - free - coming);
 }
 
 }  // namespace larder::master

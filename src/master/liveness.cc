@@ -24,6 +24,7 @@ void MasterState::RunMaintenance() {
   RevokeTimedOutPuts(now);
   ReleaseQuarantine(now);
   EvictAboveWatermark();
+  EvictForHeadroom(now);
   EndRecoveryWindow(now);
   SampleRates(now);
 }
@@ -112,7 +113,7 @@ void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t wri
   uint64_t lost = 0;
   for (size_t s = 0; s < shard_count_; ++s) {
     Shard& shard = shards_[s];
-    std::vector<StoredReplica> quarantined;
+    std::vector<FreedReplica> quarantined;
     {
       std::lock_guard lock(shard.mu);
       size_t erased = shard.EraseIf([&](Object* object) {
@@ -120,9 +121,9 @@ void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t wri
         bool revoke = writer_slot != 0 && object->writer == writer_slot &&
                       object->state == ObjectState::kProcessing;
         if (object->replica_count > 0 && !revoke) return false;
-        LogRemovedLocked(object);  // from the catalogs of the replicas left, if any
-        // A dead writer may still have bytes in flight into the surviving ranges.
-        quarantined.insert(quarantined.end(), object->replicas().begin(), object->replicas().end());
+        // From the catalogs of the replicas left, if any. A dead writer may still have bytes in
+        // flight into the surviving ranges: they are quarantined.
+        LogRemovedLocked(object, &quarantined);
         return true;
       });
       objects_.fetch_sub(erased, std::memory_order_relaxed);
@@ -138,7 +139,7 @@ void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t wri
 void MasterState::RevokeTimedOutPuts(int64_t now) {
   for (size_t s = 0; s < shard_count_; ++s) {
     Shard& shard = shards_[s];
-    std::vector<StoredReplica> quarantined;
+    std::vector<FreedReplica> quarantined;
     {
       std::lock_guard lock(shard.mu);
       int64_t timeout = ToNanos(options_.put_timeout);
@@ -146,7 +147,7 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
       while (shard.processing.oldest != nullptr &&
              shard.processing.oldest->put_started + timeout <= now) {
         std::string key(shard.processing.oldest->key());
-        std::vector<StoredReplica> replicas = EraseLocked(shard, shard.processing.oldest);
+        std::vector<FreedReplica> replicas = EraseLocked(shard, shard.processing.oldest);
         quarantined.insert(quarantined.end(), replicas.begin(), replicas.end());
         counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
         Log().warn("put of key {} not ended within {} ms: revoked", QuoteKey(key),
@@ -162,13 +163,13 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
 // so that a late write cannot land in another object's bytes; ranges a reader may still be
 // copying from, until its lease ends. The queue is released in order: an entry behind one with a
 // later release time waits for it, which only keeps its ranges out of use longer.
-void MasterState::Quarantine(std::vector<StoredReplica> replicas, int64_t release_at) {
+void MasterState::Quarantine(std::vector<FreedReplica> replicas, int64_t release_at) {
   std::lock_guard lock(quarantine_mu_);
   quarantine_.push_back(QuarantinedRanges{release_at, std::move(replicas)});
 }
 
 void MasterState::ReleaseQuarantine(int64_t now) {
-  std::vector<StoredReplica> released;
+  std::vector<FreedReplica> released;
   {
     std::lock_guard lock(quarantine_mu_);
     while (!quarantine_.empty() && quarantine_.front().release_at <= now) {
@@ -177,7 +178,31 @@ void MasterState::ReleaseQuarantine(int64_t now) {
       quarantine_.pop_front();
     }
   }
-  segments_.Free(released);
+  FreeReplicas(released);
+}
+
+void MasterState::FreeReplicas(std::span<const FreedReplica> replicas) {
+  std::vector<StoredReplica> now;
+  now.reserve(replicas.size());
+  for (const FreedReplica& freed : replicas) {
+    if (!feed_.Hold(freed.replica, freed.size, freed.seq)) now.push_back(freed.replica);
+  }
+  segments_.Free(now);
+}
+
+void MasterState::FreeReleased(std::span<const StoredReplica> replicas) {
+  if (replicas.empty()) return;
+  segments_.Free(replicas);
+  {
+    std::lock_guard lock(reclaim_mu_);
+    ++reclaimed_;
+  }
+  reclaim_cv_.notify_all();
+}
+
+bool MasterState::WaitForReclaim(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(reclaim_mu_);
+  return reclaim_cv_.wait_until(lock, deadline, [&] { return reclaimed_ != seen; });
 }
 
 }  // namespace larder::master

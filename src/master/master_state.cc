@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 #include <unordered_set>
 
 #include "common/env.h"
@@ -30,6 +31,10 @@ int64_t TtlNanos(std::chrono::milliseconds ttl) {
 }
 
 std::string FormatMs(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
+// The longest a put waits, in all, for ranges held until their owners apply REMOVEs: several of
+// the owners' catalog syncs (200 ms apart by default).
+constexpr auto kReclaimWait = std::chrono::milliseconds(1000);
 
 }  // namespace
 
@@ -349,7 +354,9 @@ Result<int64_t> MasterState::SoftPinTtl(const PutOptions& options) const {
 void MasterState::MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t replicas) {
   if (items.size() < 2 || replicas == 0) return;  // PutStartOne evicts for one key as it goes
   SegmentTable::Usage usage = segments_.usage();
-  uint64_t free = usage.capacity - std::min(usage.used, usage.capacity);
+  // Ranges held for their owners are free soon: evicting for them too would empty the pool.
+  uint64_t free = std::min(
+      usage.capacity, usage.capacity - std::min(usage.used, usage.capacity) + feed_.held_bytes());
   // Bytes an item takes; 0 for one that cannot be placed at all (it fails on its own later).
   auto bytes_of = [&](const PutStartItem& item) -> uint64_t {
     if (item.size == 0 || item.size > usage.capacity / replicas) return 0;
@@ -389,6 +396,8 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
   // object is gone by the time a round after an eviction finds the key absent.
   bool pin = options.pin;
   int64_t kept_soft_pin = 0;
+  // How long this put may wait, in all, for held ranges to come back.
+  std::optional<std::chrono::steady_clock::time_point> reclaim_deadline;
   // Without space, evict and retry while eviction frees something. Each round evicts what this
   // object needs and a little more (eviction_slack), so that the pool stays full.
   for (int round = 0;; ++round) {
@@ -446,6 +455,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
           if (staged.ttl > 0 || staged.until > 0) shard.staged_soft_pins[object] = staged;
         }
         objects_.fetch_add(1, std::memory_order_relaxed);
+        counters_.put_bytes.fetch_add(item.size * object->replica_count, std::memory_order_relaxed);
         for (const StoredReplica& replica : object->replicas()) {
           outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
         }
@@ -456,7 +466,25 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
         return outcome;
       }
     }
-    if (EvictForPut(item.size * plan.replicas) == 0) {
+    // What eviction frees may be held until the segments' owners apply the REMOVEs (a catalog
+    // sync away; the sweeper's headroom makes this rare): wait for ranges to come back.
+    uint64_t seen;
+    {
+      std::lock_guard lock(reclaim_mu_);
+      seen = reclaimed_;
+    }
+    const uint64_t evicted = EvictForPut(item.size * plan.replicas);
+    if (feed_.held_bytes() > 0) {
+      if (!reclaim_deadline) reclaim_deadline = std::chrono::steady_clock::now() + kReclaimWait;
+      if (WaitForReclaim(seen, *reclaim_deadline)) continue;
+      outcome.status = ResourceExhaustedError(
+          "no space for key " + QuoteKey(item.key) + " (" + std::to_string(item.size) +
+          " bytes): the space that evictions and removals freed waits for the segments' owners "
+          "to apply them to their catalogs, and they did not within " +
+          FormatMs(std::chrono::duration_cast<std::chrono::milliseconds>(kReclaimWait)));
+      return outcome;
+    }
+    if (evicted == 0) {
       outcome.status = ResourceExhaustedError(
           "no space for key " + QuoteKey(item.key) + " (" + std::to_string(item.size) +
           " bytes) and nothing is evictable: every object is leased, pinned or being written");
@@ -468,12 +496,12 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
 void MasterState::ReleaseLocked(Shard& shard, Object* object, int64_t now) {
   const bool leased = object->Leased(now);
   const int64_t lease_until = object->lease_until;
-  std::vector<StoredReplica> replicas = EraseLocked(shard, object);
+  std::vector<FreedReplica> replicas = EraseLocked(shard, object);
   if (leased) {
     // A reader may be copying the bytes until its lease ends: nothing may be written there before.
     Quarantine(std::move(replicas), lease_until);
   } else {
-    segments_.Free(replicas);
+    FreeReplicas(replicas);
   }
 }
 
@@ -539,7 +567,7 @@ Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& clien
       results[i] = std::move(invalid);
       continue;
     }
-    std::vector<StoredReplica> freed;
+    std::vector<FreedReplica> freed;
     {
       Shard& shard = ShardFor(ref);
       std::lock_guard lock(shard.mu);
@@ -556,7 +584,7 @@ Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& clien
       freed = EraseLocked(shard, object);
     }
     // The writer says it stopped writing, so the ranges can go back at once.
-    segments_.Free(freed);
+    FreeReplicas(freed);
     counters_.put_revokes.fetch_add(1, std::memory_order_relaxed);
   }
   return results;
@@ -778,7 +806,7 @@ RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
   int64_t now = Now();
   for (size_t s = 0; s < shard_count_; ++s) {
     Shard& shard = shards_[s];
-    std::vector<StoredReplica> freed, leased;
+    std::vector<FreedReplica> freed, leased;
     int64_t leased_until = 0;
     {
       std::lock_guard lock(shard.mu);
@@ -786,7 +814,7 @@ RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
         if (object->state != ObjectState::kComplete) return false;
         std::optional<std::string_view> key = KeyInTenant(object->key(), tenant);
         if (!key.has_value() || !match(*key)) return false;
-        std::vector<StoredReplica>* into = &freed;
+        std::vector<FreedReplica>* into = &freed;
         if (object->Leased(now)) {
           if (!force) {
             ++outcome.skipped_leased;
@@ -795,14 +823,13 @@ RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
           into = &leased;
           leased_until = std::max(leased_until, object->lease_until);
         }
-        into->insert(into->end(), object->replicas().begin(), object->replicas().end());
-        LogRemovedLocked(object);
+        LogRemovedLocked(object, into);
         return true;
       });
       objects_.fetch_sub(removed, std::memory_order_relaxed);
       outcome.removed += removed;
     }
-    segments_.Free(freed);
+    FreeReplicas(freed);
     // One entry for the shard's leased objects, held until the last of their leases ends.
     if (!leased.empty()) Quarantine(std::move(leased), leased_until);
   }
@@ -810,10 +837,10 @@ RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
   return outcome;
 }
 
-std::vector<StoredReplica> MasterState::EraseLocked(Shard& shard, Object* object) {
-  std::span<const StoredReplica> replicas = object->replicas();
-  std::vector<StoredReplica> freed(replicas.begin(), replicas.end());
-  LogRemovedLocked(object);
+std::vector<MasterState::FreedReplica> MasterState::EraseLocked(Shard& shard, Object* object) {
+  std::vector<FreedReplica> freed;
+  freed.reserve(object->replica_count);
+  LogRemovedLocked(object, &freed);
   shard.Erase(object);
   objects_.fetch_sub(1, std::memory_order_relaxed);
   return freed;

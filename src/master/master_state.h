@@ -270,9 +270,16 @@ class MasterState {
   };
   // A catalog checked for a rebuild (recovery.cc).
   struct PreparedCatalog;
+  // A replica whose range a removal gave up, with the size and the REMOVE (CatalogFeed::Append's
+  // sequence number; 0: none logged) that its segment's owner must apply before it is reused.
+  struct FreedReplica {
+    StoredReplica replica;
+    uint64_t size = 0;
+    uint64_t seq = 0;
+  };
   struct QuarantinedRanges {
     int64_t release_at = 0;
-    std::vector<StoredReplica> replicas;
+    std::vector<FreedReplica> replicas;
   };
 
   int64_t Now() const;
@@ -302,10 +309,18 @@ class MasterState {
   // the free space, rather than once per key.
   void MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t replicas);
   // Removes the object from the shard (and its list); returns the replicas to free.
-  std::vector<StoredReplica> EraseLocked(Shard& shard, Object* object);
+  std::vector<FreedReplica> EraseLocked(Shard& shard, Object* object);
   // Keeps the ranges out of use until `release_at` (master clock, ns) at least: they are freed by
   // the first sweep at or after it that finds every earlier quarantined range released too.
-  void Quarantine(std::vector<StoredReplica> replicas, int64_t release_at);
+  void Quarantine(std::vector<FreedReplica> replicas, int64_t release_at);
+  // Frees the ranges whose owners have applied their REMOVE, and hands the others to the feed,
+  // which frees them once their owners have (CatalogFeed::Hold).
+  void FreeReplicas(std::span<const FreedReplica> replicas);
+  // Frees ranges the feed released, and wakes puts waiting for space.
+  void FreeReleased(std::span<const StoredReplica> replicas);
+  // Waits until some held range was freed after `seen` (reclaimed_'s value then) or until
+  // `deadline`; true when one was.
+  bool WaitForReclaim(uint64_t seen, std::chrono::steady_clock::time_point deadline);
   // The removal behind RemoveAll and RemoveByRegex: complete objects of `tenant` whose key in the
   // tenant `match`es.
   RemoveAllOutcome RemoveWhere(std::string_view tenant, bool force,
@@ -333,9 +348,10 @@ class MasterState {
   void OpenRecoveryWindow(int64_t now);
   // The error of a get that found no object while the recovery window is open.
   static Status RebuildingError(std::string_view key, int64_t left_ns);
-  // Logs REMOVE of a complete object leaving the index into each of its replicas' segments.
+  // Logs REMOVE of a complete object leaving the index into each of its replicas' segments, and
+  // appends its replicas, with the REMOVE that gates each, to *freed.
   // REQUIRES: its shard's mu held.
-  void LogRemovedLocked(const Object* object);
+  void LogRemovedLocked(const Object* object, std::vector<FreedReplica>* freed);
   // Logs ADD of an object just committed into each of its replicas' segments.
   // REQUIRES: its shard's mu held.
   void LogAddedLocked(const Object* object, int64_t soft_pin_until);
@@ -352,6 +368,8 @@ class MasterState {
   void RevokeTimedOutPuts(int64_t now);
   void ReleaseQuarantine(int64_t now);
   void EvictAboveWatermark();
+  // Keeps options_.eviction_headroom of puts free or held (see MasterOptions).
+  void EvictForHeadroom(int64_t now);
   void SweeperLoop();
 
   const MasterOptions options_;
@@ -378,6 +396,11 @@ class MasterState {
 
   std::mutex evict_mu_;  // one evictor at a time, so two never pick the same victims
 
+  // Puts that found the pool full while ranges were held for their owners wait here for them.
+  std::mutex reclaim_mu_;
+  std::condition_variable reclaim_cv_;
+  uint64_t reclaimed_ = 0;  // guarded by reclaim_mu_: how many times held ranges were freed
+
   // Declared after shards_, so destroyed before them: its leases end while their objects exist.
   LeaseTable leases_;
   LatencyHistogram lease_hold_;
@@ -399,13 +422,18 @@ class MasterState {
         evicted_bytes{0}, lease_expiries{0}, lease_releases{0}, lease_releases_unknown{0},
         lease_releases_refused{0}, put_refusals_no_space{0}, put_refusals_invalid{0},
         eviction_runs{0}, eviction_scanned{0}, put_revokes{0}, client_expiries{0},
-        recovered_objects{0}, catalog_entries_dropped{0};
+        recovered_objects{0}, catalog_entries_dropped{0}, put_bytes{0};
   };
   mutable Counters counters_;
 
   // (master clock, evictions so far), one sample per sweep over the last kRateWindow.
   mutable std::mutex rate_mu_;
   std::deque<std::pair<int64_t, uint64_t>> eviction_samples_;  // guarded by rate_mu_
+  // The put rate EvictForHeadroom follows: bytes per second, smoothed, from the put_bytes counter
+  // read at put_rate_at_.
+  double put_rate_ = 0;          // guarded by rate_mu_
+  int64_t put_rate_at_ = 0;      // guarded by rate_mu_
+  uint64_t put_rate_bytes_ = 0;  // guarded by rate_mu_
   void SampleRates(int64_t now);
 
   std::mutex sweeper_mu_;

@@ -5,9 +5,11 @@
 // recovery window, and the sweep that does not blame clients for the master's own stall.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "master/master_state.h"
 #include "master/master_state_test_fixture.h"
@@ -185,12 +187,19 @@ class CatalogTest : public MasterStateTest {
     EXPECT_EQ(b.recovery.dropped, 1u);
     EXPECT_EQ(ExistIn(*next, "a", "k").code(), StatusCode::kNotFound);
     EXPECT_TRUE(ExistIn(*next, "a", "a-only").ok());
-    EXPECT_EQ(next->Stats().bytes_used, 64u) << "both ranges of k are free";
-    // a's catalog hears that k is gone.
+    EXPECT_GT(next->Stats().bytes_used, 64u) << "k's ranges wait for their owners' catalogs";
+    // a's and b's catalogs hear that k is gone; once both have applied it, k's ranges are free.
     ClientCatalog on_a{a.segment_id};
     on_a.by_offset[0] = Entry("k", 0, first_size);
     Sync(*next, "a", &on_a);
     EXPECT_FALSE(on_a.Holds("k"));
+    ClientCatalog on_b{b.segment_id};
+    on_b.by_offset[0] = Entry("k", 0, second_size);
+    Sync(*next, "b", &on_b);
+    EXPECT_FALSE(on_b.Holds("k"));
+    SyncOnce(*next, "a", &on_a);
+    SyncOnce(*next, "b", &on_b);
+    EXPECT_EQ(next->Stats().bytes_used, 64u) << "both ranges of k are free";
     // A third catalog agreeing with either size is refused as well.
     MountOutcome c = MountCatalog(*next, "c", "seg-c", 1 << 20, {Entry("k", 0, first_size)});
     ASSERT_TRUE(c.status.ok());
@@ -265,12 +274,84 @@ TEST_F(CatalogTest, EveryWayOutOfTheIndexRemoves) {
   EXPECT_EQ(changes[4].entry.key, "k3");
   EXPECT_FALSE(catalog.Holds("k0") || catalog.Holds("k1") || catalog.Holds("k3"));
   EXPECT_TRUE(catalog.Holds("k2"));
-  // Eviction: the pool is full; new pages evict the oldest.
-  ASSERT_TRUE(PutPages(100, 160).ok());
+  // Eviction: the pool is full; new pages evict the oldest. The owner keeps its catalog up to
+  // date meanwhile (the evicted ranges come back once it has applied their REMOVEs).
+  {
+    std::atomic<bool> done{false};
+    std::thread owner([&] {
+      while (!done.load()) {
+        SyncOnce(state_, "a", &catalog);
+        std::this_thread::yield();
+      }
+    });
+    EXPECT_TRUE(PutPages(100, 160).ok());
+    done = true;
+    owner.join();
+  }
   ASSERT_TRUE(state_.RemoveAll("a").ok());
   Sync(&catalog);
   EXPECT_TRUE(catalog.by_offset.empty()) << catalog.by_offset.size() << " left";
   EXPECT_GT(state_.Stats().evictions, 0u);
+}
+
+// Until the owner's catalog drops a removed object, the object's range keeps its bytes: a master
+// that rebuilt from that catalog (this one having died) would otherwise serve another object's
+// bytes as the removed one's value.
+TEST_F(CatalogTest, ARemovedRangeIsReusedOnlyOnceItsOwnerAppliedTheRemove) {
+  ClientCatalog catalog{Mount("a", "seg-a", 4096)};  // one page
+  ASSERT_TRUE(Put("a", "old", 4096).ok());
+  Sync(&catalog);
+  ASSERT_TRUE(catalog.Holds("old"));
+  ASSERT_TRUE(Remove("a", "old").ok());
+  EXPECT_EQ(state_.Stats().bytes_used, 4096u) << "held for the owner";
+  PutStartOutcome refused = PutStart("a", "new", 4096);
+  EXPECT_EQ(refused.status.code(), StatusCode::kResourceExhausted) << refused.status;
+  EXPECT_NE(refused.status.message().find("to apply them to their catalogs"), std::string::npos)
+      << refused.status;
+  // The owner applies the REMOVE; its next sync says so, and the range is free.
+  Sync(&catalog);
+  EXPECT_FALSE(catalog.Holds("old"));
+  EXPECT_EQ(state_.Stats().bytes_used, 4096u) << "applied, not yet acknowledged";
+  SyncOnce(state_, "a", &catalog);
+  EXPECT_EQ(state_.Stats().bytes_used, 0u);
+  PutStartOutcome placed = PutStart("a", "new", 4096);
+  ASSERT_TRUE(placed.status.ok()) << placed.status;
+  ASSERT_EQ(placed.replicas.size(), 1u);
+  EXPECT_EQ(placed.replicas[0].offset, 0u);
+}
+
+// A put that finds the pool full of held ranges waits for the owner rather than failing.
+TEST_F(CatalogTest, APutWaitsForTheOwnerToFreeHeldRanges) {
+  ClientCatalog catalog{Mount("a", "seg-a", 4096)};
+  ASSERT_TRUE(Put("a", "old", 4096).ok());
+  Sync(&catalog);
+  std::atomic<bool> done{false};
+  std::thread owner([&] {
+    while (!done.load()) {
+      SyncOnce(state_, "a", &catalog);
+      std::this_thread::yield();
+    }
+  });
+  // "old" is evicted for "new"; its range comes back with the owner's next sync.
+  Status put = Put("a", "new", 4096);
+  done = true;
+  owner.join();
+  EXPECT_TRUE(put.ok()) << put;
+  EXPECT_EQ(state_.Stats().evictions, 1u);
+}
+
+// An owner that mounted without a catalog and has not read one holds nothing stale: ranges go back
+// at once, and its first read is a snapshot, in which no removed object is.
+TEST_F(CatalogTest, AnOwnerWithoutACatalogGetsRangesBackAtOnceAndASnapshot) {
+  ClientCatalog catalog{Mount("a", "seg-a", 4096)};
+  ASSERT_TRUE(Put("a", "old", 4096).ok());
+  ASSERT_TRUE(Remove("a", "old").ok());
+  EXPECT_EQ(state_.Stats().bytes_used, 0u);
+  ASSERT_TRUE(Put("a", "new", 4096).ok());
+  std::vector<CatalogChange> changes = Sync(&catalog);
+  EXPECT_TRUE(catalog.Holds("new"));
+  EXPECT_FALSE(catalog.Holds("old"));
+  for (const CatalogChange& change : changes) EXPECT_NE(change.entry.key, "old");
 }
 
 TEST_F(CatalogTest, RevokedAndTimedOutPutsLogNothing) {
@@ -457,6 +538,37 @@ TEST_F(CatalogTest, SyncOfAnUnknownClientAsksForAMount) {
   replies = state_.SyncCatalog("a", {});
   ASSERT_TRUE(replies.ok());
   EXPECT_TRUE(replies->empty());
+}
+
+TEST(CatalogFeedTest, HeldRangesComeBackWhenTheOwnerAcknowledges) {
+  CatalogFeed feed(4);
+  feed.AddSegment(7, /*reset=*/false);
+  ASSERT_TRUE(feed.Acknowledge(7, 0));  // the owner reads its catalog
+  LoggedChange remove;
+  remove.kind = CatalogChangeKind::kRemove;
+  remove.key = "k";
+  remove.size = 100;
+  const uint64_t first = feed.Append(7, remove);
+  const uint64_t second = feed.Append(7, remove);
+  ASSERT_EQ(second, first + 1);
+  EXPECT_TRUE(feed.Hold(StoredReplica{7, 0, 1}, 100, first));
+  EXPECT_TRUE(feed.Hold(StoredReplica{7, 128, 2}, 100, second));
+  EXPECT_FALSE(feed.Hold(StoredReplica{8, 0, 3}, 100, first)) << "no log: free at once";
+  EXPECT_FALSE(feed.Hold(StoredReplica{7, 256, 4}, 100, 0)) << "no REMOVE: free at once";
+  EXPECT_EQ(feed.held_bytes(), 200u);
+  std::vector<StoredReplica> released;
+  ASSERT_TRUE(feed.Acknowledge(7, first, false, &released));
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].handle, 1u);
+  EXPECT_EQ(feed.held_bytes(), 100u);
+  EXPECT_FALSE(feed.Hold(StoredReplica{7, 512, 5}, 100, first)) << "acknowledged already";
+  // An acknowledgement past what was logged frees nothing.
+  released.clear();
+  ASSERT_TRUE(feed.Acknowledge(7, second + 10, false, &released));
+  EXPECT_TRUE(released.empty());
+  // The segment goes: its held ranges go with it, unfreed (its allocator is gone).
+  feed.RemoveSegment(7);
+  EXPECT_EQ(feed.held_bytes(), 0u);
 }
 
 // A log that grows past its bound is cut short; the owner then gets the whole catalog.
@@ -700,6 +812,11 @@ TEST_F(CatalogTest, LeasedObjectsAreNotExtended) {
   EXPECT_EQ(b.recovery.restored, 0u);
   EXPECT_EQ(b.recovery.dropped, 1u);
   EXPECT_EQ(GetFrom(*next, "a", "k", GetMode::kPeek).replicas.size(), 1u);
+  // b's range of k is free once b's catalog has dropped k.
+  ClientCatalog on_b{b.segment_id};
+  on_b.by_offset[0] = Entry("k", 0, 100);
+  Sync(*next, "b", &on_b);
+  SyncOnce(*next, "b", &on_b);
   EXPECT_EQ(next->Stats().bytes_used, 128u) << "b's range of k is free";
   // Released: the next catalog adds its replica.
   ASSERT_TRUE(next->ReleaseLeases("a", std::span(&leased->lease_id, 1)).ok());

@@ -170,7 +170,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
   // The log exists before any put can place a replica in the segment, and starts with the
   // REMOVEs of the entries refused so far, before any ADD that may reuse their ranges.
   preparation.on_mount = [&](SegmentId id) {
-    feed_.AddSegment(id, own_catalog);
+    feed_.AddSegment(id, own_catalog, has_catalog);
     for (uint32_t i : prepared.refused) feed_.Append(id, RemovalOf(mount.catalog[i]));
     for (size_t k = 0; k < prepared.reserved.size(); ++k) {
       if (!prepared.reserved[k].has_value()) {
@@ -277,7 +277,7 @@ CatalogRecovery MasterState::RebuildObjects(SegmentId segment, uint32_t slot,
   std::vector<std::pair<uint64_t, uint32_t>> run_order;  // (last_access, entry) of one shard
   std::vector<Object*> unpinned, soft_pinned;
   std::vector<int64_t> soft_pin_until;
-  std::vector<StoredReplica> refused;
+  std::vector<FreedReplica> refused;
   // In hash order the entries come grouped by shard (a shard is a range of the hash's high half);
   // each shard's are inserted least recently used first, under one lock of the shard.
   const std::vector<uint32_t>& by_hash = prepared.by_hash;
@@ -314,9 +314,9 @@ CatalogRecovery MasterState::RebuildObjects(SegmentId segment, uint32_t slot,
         const StoredReplica replica{segment, entry.offset, handles[i]};
         const KeyRef ref(entry.key, prepared.hashes[i]);
         auto refuse = [&] {
-          // Logged before the range is freed, so before any ADD that reuses it.
-          feed_.Append(segment, RemovalOf(entry));
-          refused.push_back(replica);
+          // Logged before the range is freed, and the range held until the owner applied it.
+          refused.push_back(
+              FreedReplica{replica, entry.size, feed_.Append(segment, RemovalOf(entry))});
         };
         if (!shard.conflicted_keys.empty() && shard.conflicted_keys.contains(entry.key)) {
           refuse();
@@ -375,7 +375,7 @@ CatalogRecovery MasterState::RebuildObjects(SegmentId segment, uint32_t slot,
     }
     objects_.fetch_add(created, std::memory_order_relaxed);
     recovery.dropped += refused.size();
-    segments_.Free(refused);
+    FreeReplicas(refused);
     run = end;
   }
   // New uses are newer than every restored one.
@@ -436,15 +436,19 @@ void MasterState::LogAddedLocked(const Object* object, int64_t soft_pin_until) {
   }
 }
 
-void MasterState::LogRemovedLocked(const Object* object) {
-  if (object->state != ObjectState::kComplete) return;  // never in a catalog
+void MasterState::LogRemovedLocked(const Object* object, std::vector<FreedReplica>* freed) {
+  const bool logged = object->state == ObjectState::kComplete;  // others were never in a catalog
   LoggedChange change;
   change.kind = CatalogChangeKind::kRemove;
   change.key = object->key();
   change.size = object->size;
   for (const StoredReplica& replica : object->replicas()) {
-    change.offset = replica.offset;
-    feed_.Append(replica.segment_id, change);
+    uint64_t seq = 0;
+    if (logged) {
+      change.offset = replica.offset;
+      seq = feed_.Append(replica.segment_id, change);
+    }
+    freed->push_back(FreedReplica{replica, object->size, seq});
   }
 }
 
@@ -482,6 +486,7 @@ Result<std::vector<SegmentCatalogChanges>> MasterState::SyncCatalog(
   replies.reserve(ids.size());
   size_t budget = kMaxCatalogChangesPerReply;
   const int64_t now = Now();
+  std::vector<StoredReplica> released;  // ranges whose REMOVE the owner has now applied
   for (SegmentId id : ids) {
     uint64_t ack = 0;
     bool full = false;
@@ -491,7 +496,7 @@ Result<std::vector<SegmentCatalogChanges>> MasterState::SyncCatalog(
         full = given.full;
       }
     }
-    if (!feed_.Acknowledge(id, ack, full)) continue;  // unmounted meanwhile
+    if (!feed_.Acknowledge(id, ack, full, &released)) continue;  // unmounted meanwhile
     const size_t limit = std::min(kMaxCatalogChangesPerSegment, budget);
     while (std::optional<size_t> shard = feed_.NextSnapshotShard(id, ack, limit)) {
       SnapshotShard(id, *shard);
@@ -500,6 +505,7 @@ Result<std::vector<SegmentCatalogChanges>> MasterState::SyncCatalog(
     feed_.Read(id, ack, limit, now, &reply);
     budget -= std::min(budget, reply.changes.size());
   }
+  FreeReleased(released);
   return replies;
 }
 

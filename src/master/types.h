@@ -43,6 +43,11 @@ struct MasterOptions {
   double eviction_high_watermark = 1.0;
   // ... this fraction of the capacity, so that puts find free space without evicting.
   double eviction_ratio = 0.05;
+  // Space the sweeper keeps free, or on its way back, for this long of puts at the recent put
+  // rate (at most a quarter of the capacity; 0: off). A range that a removal or an eviction gives
+  // up is reused only once its segment's owner has applied the REMOVE to its catalog (a catalog
+  // sync away; see CatalogFeed::Hold), so eviction runs this far ahead of the puts.
+  std::chrono::milliseconds eviction_headroom{500};
   // A put started and neither ended nor revoked after this long is revoked.
   std::chrono::milliseconds put_timeout{30000};
   size_t max_key_size = 4096;  // at most kMaxKeyBytes (65535)

@@ -5,7 +5,9 @@
 // namespace when this test runs as root with iproute2, else this namespace under another
 // LARDER_HOST_ID; the bench decides, and the test checks which it chose.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -45,6 +47,25 @@ struct BenchRun {
   bool netns_left = false;  // a namespace of the bench's pid still existed after it exited
 };
 
+// Every thread's stack of `pid` and its children (gdb, where installed): what a test that gives up
+// on a hung process prints, so that the hang can be told apart from a slow machine.
+std::string StacksOf(pid_t pid) {
+  if (access("/usr/bin/gdb", X_OK) != 0) return "(no /usr/bin/gdb: no stacks)";
+  const std::string command = "for p in " + std::to_string(pid) + " $(pgrep -P " +
+                              std::to_string(pid) +
+                              "); do echo \"== pid $p: $(tr '\\0' ' ' < /proc/$p/cmdline)\"; "
+                              "timeout 60 /usr/bin/gdb -p $p -batch -ex 'thread apply all bt' "
+                              "2>&1 | grep -E '^(Thread|#)'; done";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "(cannot run gdb)";
+  std::string out;
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof(chunk), pipe)) > 0) out.append(chunk, n);
+  pclose(pipe);
+  return out;
+}
+
 // Runs `larder-bench deployment <flags> --json` to completion (bounded by a deadline).
 BenchRun RunDeployment(std::vector<std::string> flags) {
   // The shell announces readiness for ChildProcess::Spawn, then becomes the bench (same pid, so
@@ -58,12 +79,13 @@ BenchRun RunDeployment(std::vector<std::string> flags) {
   EXPECT_TRUE(child.ok()) << child.status();
   if (!child.ok()) return run;
   NamespaceCleanup cleanup(child->pid());
-  auto deadline = std::chrono::steady_clock::now() + seconds(300);
+  auto deadline = std::chrono::steady_clock::now() + seconds(180);
   for (;;) {
     auto left =
         std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      ADD_FAILURE() << "larder-bench deployment did not finish in time";
+      ADD_FAILURE() << "larder-bench deployment did not finish in time; its threads:\n"
+                    << StacksOf(child->pid());
       break;
     }
     auto line = child->ReadLine(left);

@@ -497,8 +497,9 @@ TEST(StoreE2ETest, LeasesOfAKilledReaderExpireAtTheTtl) {
   EXPECT_EQ(WaitForMetric(master, "larder_lease_expiries_total", 1, seconds(20)), 1);
   EXPECT_EQ(Metric(master, "larder_leases_active"), 0);
   EXPECT_EQ(Metric(master, "larder_lease_releases_total"), 0);
-  // What it held is evictable again: it is the oldest, and goes first.
-  EXPECT_EQ(Put(writer, "q/", 8, 64 * 1024, "small")["ok"], 8);
+  // What it held is evictable again: it is the oldest, and goes first. (Half the pool's worth of
+  // puts, more than the free headroom the sweeper keeps, so that they must evict.)
+  EXPECT_EQ(Put(writer, "q/", 32, 64 * 1024, "small")["ok"], 32);
   json r = Send(writer, {{"cmd", "exist"}, {"keys", Keys("r/", 8)}});
   for (const json& e : r["exist"]) EXPECT_EQ(e, false) << r;
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench/failover_probe.h"
+#include "bench/master_process.h"
 #include "bench/process.h"
 #include "bench/report.h"
 #include "client/master_client.h"
@@ -55,19 +56,6 @@ std::string Cat(const Parts&... parts) {
 double Seconds(int64_t from_ns, int64_t to_ns) {
   return static_cast<double>(to_ns - from_ns) / 1e9;
 }
-
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
-}
-
-// A larder-master child process.
-struct MasterProcess {
-  ChildProcess process;
-  std::string address;  // "127.0.0.1:PORT", as announced
-  int http_port = -1;
-  std::string port() const { return address.substr(address.rfind(':') + 1); }
-};
 
 // What the recovery loop reads from the new master's GetStats.
 struct MasterCounts {
@@ -164,27 +152,12 @@ class FailoverRun {
   }
 
   Result<MasterProcess> SpawnMaster(const std::string& port) {
-    std::string binary = options_.master_binary.empty()
-                             ? Cat(Dirname(SelfExecutable()), "/larder-master")
-                             : options_.master_binary;
-    std::vector<std::string> argv = {binary, "--host",      "127.0.0.1", "--port",
-                                     port,   "--http-port", "0",         "--parent-watch"};
+    std::vector<std::string> flags;
     if (standby_) {
-      argv.insert(argv.end(), {"--etcd", etcd_endpoints_, "--cluster-id", cluster_id_,
-                               "--leader-ttl", options_.leader_ttl});
+      flags = {"--etcd",    etcd_endpoints_, "--cluster-id",
+               cluster_id_, "--leader-ttl",  options_.leader_ttl};
     }
-    LARDER_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(argv, ChildEnv(), seconds(30)));
-    // larder-master announces "READY <ip:port> <http port>".
-    const std::string& announced = child.address();
-    size_t space = announced.find(' ');
-    if (space == std::string::npos) {
-      return InternalError(Cat("larder-master announced '", announced, "' (no HTTP port)"));
-    }
-    MasterProcess master;
-    master.address = announced.substr(0, space);
-    master.http_port = std::atoi(announced.c_str() + space + 1);
-    master.process = std::move(child);
-    return master;
+    return bench::SpawnMaster(options_.master_binary, port, flags, ChildEnv());
   }
 
   // The index of the master etcd names as the leader, once it names one of `candidates`.

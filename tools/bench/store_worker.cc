@@ -9,6 +9,7 @@
 
 #include "bench/failover_probe.h"
 #include "bench/process.h"
+#include "bench/soak_load.h"
 #include "bench/values.h"
 #include "common/env.h"
 #include "larder/store_client.h"
@@ -49,6 +50,7 @@ class Worker {
     if (name == "unmount") {
       // Leaves the cluster (segment unmounted, engine gone) while the process lives on.
       probe_.reset();
+      soak_.reset();
       if (!buffer_.empty()) client_->UnregisterBuffer(buffer_.data()).IgnoreError();
       buffer_.clear();
       client_.reset();
@@ -71,6 +73,16 @@ class Worker {
       json summary = probe_->Summary(cmd.value("since_ns", int64_t{0}));
       if (name == "probe_stop") probe_.reset();
       return summary;
+    }
+    if (name == "soak_start") return StartSoak(cmd);
+    if (name == "soak_status") {
+      if (!soak_) return {{"error", "no soak load is running"}};
+      if (auto peers = cmd.find("peers"); peers != cmd.end() && peers->is_object()) {
+        soak_->SetPeers(peers->get<std::map<std::string, uint64_t>>());
+      }
+      json status = soak_->Status();
+      status["rss_bytes"] = ProcStatusBytes("VmRSS");
+      return status;
     }
     if (name == "route") {
       auto route = client_->RouteTo(cmd.value("segment", ""));
@@ -268,6 +280,16 @@ class Worker {
     return {{"started", true}, {"now_ns", FailoverProbe::NowNs()}};
   }
 
+  json StartSoak(const json& cmd) {
+    if (soak_) return {{"error", "a soak load is already running"}};
+    auto options = SoakLoadOptions::FromJson(cmd);
+    if (!options.ok()) return {{"error", options.status().ToString()}};
+    auto soak = SoakLoad::Start(client_.get(), std::move(*options));
+    if (!soak.ok()) return {{"error", soak.status().ToString()}};
+    soak_ = std::move(*soak);
+    return {{"started", true}, {"now_ns", FailoverProbe::NowNs()}};
+  }
+
   json Exist(const json& cmd) {
     auto keys = cmd.value("keys", std::vector<std::string>{});
     json out = json::array();
@@ -287,6 +309,7 @@ class Worker {
   std::unique_ptr<StoreClient> client_;
   std::vector<std::byte> buffer_;
   std::unique_ptr<FailoverProbe> probe_;  // uses client_, so declared (and destroyed) after it
+  std::unique_ptr<SoakLoad> soak_;        // as probe_
 };
 
 }  // namespace

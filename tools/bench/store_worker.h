@@ -29,6 +29,12 @@
 //        on a thread of its own (bench/failover_probe.h); other commands keep being answered
 //   {"cmd":"probe_status", "since_ns":t} -> FailoverProbe::Summary(t), the loop still running
 //   {"cmd":"probe_stop", "since_ns":t}   -> the same, after which the loop is stopped
+//   {"cmd":"soak_start", "prefix":P, ["min_value":S, "max_value":S, "batch":B, "get_share":f,
+//    "remove_share":f, "interval_us":u, "seed":n]}
+//     -> {"started":true, "now_ns":t}: starts the mixed load of `larder-bench soak` on a thread of
+//        its own (bench/soak_load.h)
+//   {"cmd":"soak_status", ["peers":{prefix: keys put}]} -> SoakLoad::Status() plus "rss_bytes";
+//        the peers' ranges are what its gets read from
 // Values are self-checking (bench/values.h); every get is verified.
 #pragma once
 

@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "common/logging.h"
 #include "transfer/segment_exports.h"
@@ -16,7 +19,6 @@ namespace {
 
 // How long one handoff exchange may take before the server drops the connection. Exchanges are
 // local and take well under a millisecond; the bound keeps a stalled peer from delaying others.
-constexpr auto kHandoffTimeout = std::chrono::milliseconds(500);
 
 // Copies `text` into a fixed string field. REQUIRES: text.size() <= N - 1 and <= 255.
 template <size_t N>
@@ -76,8 +78,9 @@ std::array<uint8_t, 32> HandoffOwnerMac(std::string_view token, const HandoffBin
   return input.Sign(token);
 }
 
-ShmHandoffServer::ShmHandoffServer(const EngineContext& context, std::vector<uint32_t> allowed_uids)
-    : context_(context), allowed_uids_(std::move(allowed_uids)) {
+ShmHandoffServer::ShmHandoffServer(const EngineContext& context, std::vector<uint32_t> allowed_uids,
+                                   std::chrono::milliseconds timeout)
+    : context_(context), allowed_uids_(std::move(allowed_uids)), timeout_(timeout) {
   if (allowed_uids_.empty()) allowed_uids_.push_back(static_cast<uint32_t>(getuid()));
 }
 
@@ -109,42 +112,102 @@ void ShmHandoffServer::Stop() {
 }
 
 void ShmHandoffServer::AcceptLoop() {
+  // Every exchange in progress, each with its own deadline: a peer that stalls holds only its own
+  // connection, never the others'.
+  std::vector<std::unique_ptr<Exchange>> pending;
+  std::vector<pollfd> fds;
   while (!stopping_.load()) {
-    pollfd p{listener_.get(), POLLIN, 0};
-    int rc = poll(&p, 1, 200);
-    if (rc <= 0) continue;
-    Fd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    Deadline now = Clock::now();
+    int timeout_ms = 200;
+    for (const auto& ex : pending) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(ex->deadline - now);
+      timeout_ms = std::clamp<int>(static_cast<int>(left.count()) + 1, 0, timeout_ms);
+    }
+    fds.assign(1, pollfd{listener_.get(), POLLIN, 0});
+    for (const auto& ex : pending) fds.push_back(pollfd{ex->owned.get(), POLLIN, 0});
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) continue;
+    now = Clock::now();
+    // Requests that arrived, then connections that ended or ran out of time.
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Exchange& ex = *pending[i];
+      if ((fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) ReadRequest(&ex);
+      if (!ex.done && now >= ex.deadline) {
+        Log().warn("shm handoff to {}: no request within {} ms; dropped", ex.peer,
+                   timeout_.count());
+        ex.done = true;
+      }
+    }
+    std::erase_if(pending, [](const auto& ex) { return ex->done; });
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    Fd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!conn.valid()) continue;
-    // Exchanges are tiny and bounded by kHandoffTimeout, so serving them in line is enough.
-    Serve(conn.get());
+    auto ex = std::make_unique<Exchange>();
+    ex->fd = conn.get();
+    ex->owned = std::move(conn);
+    if (pending.size() >= kMaxPendingHandoffs) {
+      auto m =
+          Reply(UnavailableError("engine " + context_.engine_id + " is serving " +
+                                 std::to_string(pending.size()) + " shm handoffs already; retry"),
+                0);
+      SendWithFd(ex->fd, &m, sizeof(m), -1).IgnoreError();
+      continue;
+    }
+    if (Greet(ex.get())) pending.push_back(std::move(ex));
   }
 }
 
-void ShmHandoffServer::Serve(int fd) {
-  Deadline deadline = Clock::now() + kHandoffTimeout;
+bool ShmHandoffServer::Greet(Exchange* ex) {
+  ex->deadline = Clock::now() + timeout_;
   ucred cred{};
   socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
-  std::string peer = "pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
+  if (getsockopt(ex->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  ex->peer = "pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid);
   if (std::find(allowed_uids_.begin(), allowed_uids_.end(), cred.uid) == allowed_uids_.end()) {
     Status denied = PermissionDeniedError("uid " + std::to_string(cred.uid) +
                                           " may not map segments of engine " + context_.engine_id);
-    Log().warn("shm handoff refused to {}: {}", peer, denied.ToString());
+    Log().warn("shm handoff refused to {}: {}", ex->peer, denied.ToString());
     auto m = Reply(denied, 0);
-    SendWithFd(fd, &m, sizeof(m), -1).IgnoreError();
+    SendWithFd(ex->fd, &m, sizeof(m), -1).IgnoreError();
+    return false;
+  }
+  ex->hello.type = HandoffServerMessage::kHello;
+  ex->hello.need_auth = context_.auth_token.empty() ? 0 : 1;
+  RandomBytes(ex->hello.nonce, sizeof(ex->hello.nonce));
+  SetField(ex->hello.engine_id, &ex->hello.engine_id_len, context_.engine_id);
+  // A fresh socket's buffer holds the greeting: this send does not wait for the peer.
+  return SendWithFd(ex->fd, &ex->hello, sizeof(ex->hello), -1).ok();
+}
+
+void ShmHandoffServer::ReadRequest(Exchange* ex) {
+  auto* into = reinterpret_cast<uint8_t*>(&ex->request);
+  while (ex->received < sizeof(ex->request)) {
+    ssize_t n = recv(ex->fd, into + ex->received, sizeof(ex->request) - ex->received, MSG_DONTWAIT);
+    if (n > 0) {
+      ex->received += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    ex->done = true;  // closed or broken before a whole request: nothing to answer
     return;
   }
-  const bool need_auth = !context_.auth_token.empty();
-  HandoffServerMessage hello;
-  hello.type = HandoffServerMessage::kHello;
-  hello.need_auth = need_auth ? 1 : 0;
-  RandomBytes(hello.nonce, sizeof(hello.nonce));
-  SetField(hello.engine_id, &hello.engine_id_len, context_.engine_id);
-  if (!SendWithFd(fd, &hello, sizeof(hello), -1).ok()) return;
+  Answer(*ex);
+  ex->done = true;
+}
 
-  HandoffRequest request;
-  Status status = RecvAll(fd, &request, sizeof(request), deadline, peer);
-  if (!status.ok()) return;
+void ShmHandoffServer::Serve(int fd) {
+  Exchange ex;
+  ex.fd = fd;
+  if (!Greet(&ex)) return;
+  if (!RecvAll(fd, &ex.request, sizeof(ex.request), ex.deadline, ex.peer).ok()) return;
+  Answer(ex);
+}
+
+void ShmHandoffServer::Answer(const Exchange& ex) {
+  const int fd = ex.fd;
+  const HandoffRequest& request = ex.request;
+  const HandoffServerMessage& hello = ex.hello;
+  const bool need_auth = hello.need_auth != 0;
+  std::string peer = ex.peer;
   auto reply_error = [&](const Status& error) {
     Log().warn("shm handoff to {} failed: {}", peer, error.ToString());
     auto m = Reply(error, 0);

@@ -27,6 +27,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -47,6 +48,10 @@ inline constexpr size_t kHandoffMaxEngineId = 255;
 // truncated by the kernel, so they are refused instead.
 inline constexpr size_t kHandoffMaxSocketName = 107;
 inline constexpr size_t kHandoffNonceBytes = 32;
+
+// Exchanges one owner serves at once (ShmHandoffServer), and how long one may take.
+inline constexpr size_t kMaxPendingHandoffs = 256;
+inline constexpr std::chrono::milliseconds kHandoffTimeout{500};
 
 struct HandoffServerMessage {
   enum Type : uint8_t { kHello = 1, kReply = 2 };
@@ -100,14 +105,18 @@ std::array<uint8_t, 32> HandoffPeerMac(std::string_view token, const HandoffBind
 std::array<uint8_t, 32> HandoffOwnerMac(std::string_view token, const HandoffBinding& binding,
                                         uint8_t code, uint64_t size);
 
-// Serves fd handoffs for one engine's exported memfd segments, one connection at a time, each
-// bounded in time so that a stalled peer only delays others briefly. A refused or malformed
+// Serves fd handoffs for one engine's exported memfd segments. One thread serves every connection
+// at once (poll): each exchange has its own deadline (`timeout`), so a peer that stalls
+// holds only its own connection and never delays another. At most kMaxPendingHandoffs exchanges
+// run at a time; a connection beyond that is answered Unavailable at once. A refused or malformed
 // request ends its connection only. Thread-safe.
 class ShmHandoffServer {
  public:
   // Serves the segments in `context.exports` to peers whose uid is in `allowed_uids` (empty: only
-  // this process's uid), requiring proof of `context.auth_token` when it is set.
-  ShmHandoffServer(const EngineContext& context, std::vector<uint32_t> allowed_uids);
+  // this process's uid), requiring proof of `context.auth_token` when it is set. An exchange not
+  // done within `timeout` of its connection is dropped.
+  ShmHandoffServer(const EngineContext& context, std::vector<uint32_t> allowed_uids,
+                   std::chrono::milliseconds timeout = kHandoffTimeout);
   ~ShmHandoffServer();
 
   // Listens on the abstract socket `name` and starts serving. InvalidArgument when `name` is
@@ -118,16 +127,35 @@ class ShmHandoffServer {
   // Stops accepting and joins the serving thread. Fds already passed stay valid in their peers.
   void Stop();
 
-  // Serves one connected socket `fd` (the caller keeps it): one exchange, bounded by
-  // kHandoffTimeout. What the accept loop runs for each peer, and what the fuzz target drives.
-  // REQUIRES: Start succeeded.
+  // Serves one connected socket `fd` (the caller keeps it) to the end of its exchange, bounded by
+  // the timeout: what the accept loop does for each peer, in one call (the fuzz target's way
+  // in). REQUIRES: Start succeeded.
   void Serve(int fd);
 
  private:
+  // One exchange in progress.
+  struct Exchange {
+    int fd = -1;
+    Fd owned;  // the accepted connection (the accept loop's); Serve's caller keeps its own
+    std::string peer;
+    Deadline deadline;
+    HandoffServerMessage hello;
+    HandoffRequest request;
+    size_t received = 0;  // bytes of `request` read so far
+    bool done = false;
+  };
+
   void AcceptLoop();
+  // Checks the peer's uid and sends the greeting; false when the exchange is over (refused).
+  bool Greet(Exchange* ex);
+  // Reads what has arrived of the request, without waiting; answers it once it is whole.
+  void ReadRequest(Exchange* ex);
+  // Checks a whole request and replies (with the segment's fd when it is granted).
+  void Answer(const Exchange& ex);
 
   EngineContext context_;
   std::vector<uint32_t> allowed_uids_;
+  const std::chrono::milliseconds timeout_;
   std::string socket_name_;  // set by Start, before the serving thread exists
   Fd listener_;
   std::thread thread_;
