@@ -16,6 +16,7 @@
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "bench/lru_sim.h"
@@ -128,7 +129,11 @@ Result<Cluster> StartCluster(const ReplayOptions& options, uint64_t segment_size
   Cluster cluster;
   cluster.master_address = options.master;
   if (cluster.master_address.empty()) {
-    LARDER_ASSIGN_OR_RETURN(cluster.master, StartEmbeddedMaster());
+    std::optional<std::chrono::milliseconds> headroom;
+    if (options.eviction_headroom_ms >= 0) {
+      headroom = std::chrono::milliseconds(options.eviction_headroom_ms);
+    }
+    LARDER_ASSIGN_OR_RETURN(cluster.master, StartEmbeddedMaster(-1, headroom));
     cluster.master_address = cluster.master->address();
   }
   std::string program =

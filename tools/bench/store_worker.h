@@ -38,10 +38,12 @@
 // Values are self-checking (bench/values.h); every get is verified.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "larder/store_client.h"
@@ -72,6 +74,7 @@ Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions
 // `http_port` (0: a free one; -1: off).
 // A master on loopback for the tools' clusters, with LARDER_AUTH_TOKEN / LARDER_ADMIN_TOKEN as its
 // tokens when they are set.
-Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(int http_port = -1);
+Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(
+    int http_port = -1, std::optional<std::chrono::milliseconds> eviction_headroom = {});
 
 }  // namespace larder::bench
