@@ -11,7 +11,7 @@ endfunction()
 # at the same time.
 # Builds a GoogleTest binary and registers its tests with ctest.
 function(larder_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT;LOCK" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "SERIAL" "TIMEOUT;LOCK" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   larder_target_defaults(${name})
   # GCC 12 at -O3 flags std::string's operator+ ("k" + std::to_string(i)) with -Wrestrict, a
@@ -34,6 +34,9 @@ function(larder_add_test name)
   endif()
   if(ARG_LOCK)
     list(APPEND properties RESOURCE_LOCK "${ARG_LOCK}")
+  endif()
+  if(ARG_SERIAL)
+    list(APPEND properties RUN_SERIAL TRUE)
   endif()
   # The binary's name prefixes every test ("common_test.StatusTest.Ok"), so that
   # `ctest -R common_test` selects one binary's tests.
