@@ -473,7 +473,10 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
       std::lock_guard lock(reclaim_mu_);
       seen = reclaimed_;
     }
-    const uint64_t evicted = EvictForPut(item.size * plan.replicas);
+    // Once it waits for held space, a put evicts again only when nothing is held any more: what
+    // it evicted before comes back to it.
+    const bool waiting = reclaim_deadline.has_value() && feed_.held_bytes() > 0;
+    const uint64_t evicted = waiting ? 0 : EvictForPut(item.size * plan.replicas);
     if (feed_.held_bytes() > 0) {
       if (!reclaim_deadline) reclaim_deadline = std::chrono::steady_clock::now() + kReclaimWait;
       if (WaitForReclaim(seen, *reclaim_deadline)) continue;
