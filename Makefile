@@ -3,8 +3,10 @@ BUILD_DIR ?= build
 TEST_BUILD_DIR ?= build-asan
 FUZZ_BUILD_DIR ?= build-fuzz
 JOBS ?= 2
-# Seconds per fuzz target: `make fuzz` runs each this long; `make test` runs each briefly.
-FUZZ_SECONDS ?= 600
+# `make fuzz` runs each fuzz target for FUZZ_RUNS inputs, or FUZZ_SECONDS if that comes first;
+# `make test` runs each for TEST_FUZZ_SECONDS.
+FUZZ_RUNS ?= 10000000
+FUZZ_SECONDS ?= 3600
 TEST_FUZZ_SECONDS ?= 20
 
 .PHONY: all deps build run test bench fuzz fuzz-build format format-check clean help
@@ -15,7 +17,7 @@ help:
 	@echo "make run          install deps, build (Release), run the store demo (master + 3 processes)"
 	@echo "make test         install deps, build with ASan+UBSan in $(TEST_BUILD_DIR)/, run every test (ctest)"
 	@echo "make bench        build, run the benchmarks into bench/results/"
-	@echo "make fuzz         build the libFuzzer targets with clang in $(FUZZ_BUILD_DIR)/, run each FUZZ_SECONDS ($(FUZZ_SECONDS))"
+	@echo "make fuzz         build the libFuzzer targets with clang in $(FUZZ_BUILD_DIR)/, run each for FUZZ_RUNS ($(FUZZ_RUNS)) inputs or FUZZ_SECONDS ($(FUZZ_SECONDS))"
 	@echo "make build        Release build into $(BUILD_DIR)/ (binaries in $(BUILD_DIR)/bin)"
 	@echo "make format       clang-format every source file"
 
@@ -42,7 +44,7 @@ fuzz-build: deps
 	cmake --build $(FUZZ_BUILD_DIR) -j$(JOBS) --target larder-fuzzers
 
 fuzz: fuzz-build
-	scripts/fuzz.sh $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS)
+	scripts/fuzz.sh $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS) $(FUZZ_RUNS)
 
 bench: build
 	scripts/bench.sh $(BUILD_DIR)

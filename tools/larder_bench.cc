@@ -35,6 +35,7 @@
 #include "bench/target.h"
 #include "bench/transfer_bench.h"
 #include "common/env.h"
+#include "larder/version.h"
 
 namespace {
 
@@ -56,6 +57,8 @@ int main(int argc, char** argv) {
   larder::bench::BlockTerminationSignals();
   CLI::App app{"larder-bench: Larder benchmarks (numbers, not pass/fail)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("larder-bench ") + larder::Version(),
+                       "print the version and exit");
 
   larder::bench::TransferBenchOptions transfer;
   std::string ops = "read,write";

@@ -10,6 +10,7 @@
 #include "bench/process.h"
 #include "cli_common.h"
 #include "common/env.h"
+#include "larder/version.h"
 #include "standalone/daemon.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
       "move bytes through memory shared with it, contributing nothing themselves, so restarting\n"
       "them loses no cache. Settings not given as flags come from LARDER_* variables\n"
       "(docs/configuration.md). Prints \"READY <socket> <segment name>\" once serving."};
+  app.set_version_flag("--version", std::string("larder-client ") + larder::Version(),
+                       "print the version and exit");
   auto env = larder::StoreClientOptions::FromEnvironment();
   if (!env.ok()) {
     std::cerr << "larder-client: " << env.status() << "\n";

@@ -11,11 +11,14 @@
 #include "bench/store_demo.h"
 #include "bench/store_worker.h"
 #include "bench/target.h"
+#include "larder/version.h"
 
 int main(int argc, char** argv) {
   larder::bench::BlockTerminationSignals();
   CLI::App app{
       "larder-demo: a master and three processes on this host sharing KV pages through the store"};
+  app.set_version_flag("--version", std::string("larder-demo ") + larder::Version(),
+                       "print the version and exit");
   larder::bench::StoreDemoOptions store;
   app.add_option("--page-size", store.page_size, "bytes per KV page")->capture_default_str();
   app.add_option("--pages", store.pages_per_writer, "pages each prefill process writes")

@@ -16,6 +16,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "etcd/etcd_client.h"
+#include "larder/version.h"
 #include "master/master_server.h"
 
 namespace {
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
       "client liveness). Clients reach it over gRPC; operators over HTTP (/metrics, /health,\n"
       "/segments, /keys?prefix=, and Mooncake's /get_all_keys, /query_key?key=, ...). It holds\n"
       "no object bytes."};
+  app.set_version_flag("--version", std::string("larder-master ") + larder::Version(),
+                       "print the version and exit");
   larder::master::MasterServerOptions options;
   std::string lease_ttl = "5s", client_ttl = "10s", put_timeout = "30s", placement = "local-first";
   std::string eviction_headroom = "500ms";

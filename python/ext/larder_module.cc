@@ -13,6 +13,7 @@
 #include "common/env.h"
 #include "errors.h"
 #include "larder/transfer_engine.h"
+#include "larder/version.h"
 #include "value_buffer.h"
 
 namespace larder::python {
@@ -83,6 +84,7 @@ void BindHelpers(py::module_& module) {
 
 PYBIND11_MODULE(_larder, module) {
   module.doc() = "Larder's C++ core (StoreClient, TransferEngine); import it as `larder`.";
+  module.attr("__version__") = larder::Version();
   larder::python::RegisterErrors(module);
   larder::python::BindHelpers(module);
   larder::python::BindValueBuffer(module);

@@ -47,13 +47,12 @@ from ._larder import (  # noqa: F401  (re-exported)
     UnavailableError,
     UnimplementedError,
     UnknownError,
+    __version__,
     parse_duration,
     parse_protocol,
     parse_size,
     resolve_protocol,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AbortedError",

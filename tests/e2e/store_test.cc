@@ -226,38 +226,6 @@ TEST(StoreE2ETest, BadInputGetsClearErrorsAndTheMasterKeepsServing) {
   EXPECT_EQ(Get(a, "ok/", 5, 64)["verified"], 5);
 }
 
-// kill -9 of a client under load: readers keep working, objects with a replica elsewhere stay
-// readable, and the dead client's segment and objects leave the pool.
-TEST(StoreE2ETest, KilledClientIsExpiredAndReplicasElsewhereStayReadable) {
-  Master master = StartMaster({"--client-ttl", "2s"});
-  ChildProcess a = StartWorker(master, "a");
-  ChildProcess b = StartWorker(master, "b");
-  ChildProcess c = StartWorker(master, "c");
-  // Two replicas: b's segment first, then (local first) a's own.
-  EXPECT_EQ(Put(a, "dup/", 64, 64 * 1024, "b", 2)["ok"], 64);
-  EXPECT_EQ(Put(a, "only-b/", 16, 64 * 1024, "b")["ok"], 16);
-  // c reads dup/ for 3 s while b dies.
-  ASSERT_TRUE(Begin(c, "get", "dup/", 64, 64 * 1024, 8, 3.0).ok());
-  std::this_thread::sleep_for(milliseconds(500));
-  b.Kill(SIGKILL);
-  b.Stop(seconds(5));
-  json load = ReadReply(c);
-  EXPECT_GT(load["verified"].get<int>(), 0) << load;
-  EXPECT_EQ(load["wrong"], 0) << load;
-  EXPECT_EQ(load["errors"], 0) << load;
-  EXPECT_EQ(load["missing"], 0) << load;
-  // After the TTL, b's objects are gone and its segment unmounted; dup/ still reads from a.
-  std::this_thread::sleep_for(milliseconds(3000));
-  json only_b = Send(c, {{"cmd", "exist"}, {"keys", Keys("only-b/", 16)}});
-  for (const json& e : only_b["exist"]) EXPECT_EQ(e, false) << only_b;
-  json dup = Get(c, "dup/", 64, 64 * 1024);
-  EXPECT_EQ(dup["verified"], 64) << dup;
-  ASSERT_TRUE(c.WriteLine(json{{"cmd", "route"}, {"segment", "b"}}.dump()).ok());
-  auto route = c.ReadLine(seconds(10));
-  ASSERT_TRUE(route.ok());
-  EXPECT_NE(route->find("no segment named 'b'"), std::string::npos) << *route;
-}
-
 // The value of one Prometheus counter or gauge from the master's /metrics.
 double Metric(const Master& master, const std::string& name) {
   httplib::Client http("127.0.0.1", master.http_port);
@@ -280,6 +248,45 @@ double WaitForMetric(const Master& master, const std::string& name, double at_le
     value = Metric(master, name);
   }
   return value;
+}
+
+// kill -9 of a client under load: readers keep working, objects with a replica elsewhere stay
+// readable, and the dead client's segment and objects leave the pool.
+TEST(StoreE2ETest, KilledClientIsExpiredAndReplicasElsewhereStayReadable) {
+  Master master = StartMaster({"--client-ttl", "4s"});
+  ChildProcess a = StartWorker(master, "a");
+  ChildProcess b = StartWorker(master, "b");
+  ChildProcess c = StartWorker(master, "c");
+  // Two replicas: b's segment first, then (local first) a's own.
+  EXPECT_EQ(Put(a, "dup/", 64, 64 * 1024, "b", 2)["ok"], 64);
+  EXPECT_EQ(Put(a, "only-b/", 16, 64 * 1024, "b")["ok"], 16);
+  // c reads dup/ for 3 s while b dies.
+  const double gets = Metric(master, "larder_gets_total");
+  ASSERT_TRUE(Begin(c, "get", "dup/", 64, 64 * 1024, 8, 3.0).ok());
+  // b dies once c's load is reading.
+  EXPECT_GT(WaitForMetric(master, "larder_gets_total", gets + 1, seconds(10)), gets);
+  b.Kill(SIGKILL);
+  b.Stop(seconds(5));
+  json load = ReadReply(c);
+  EXPECT_GT(load["verified"].get<int>(), 0) << load;
+  EXPECT_EQ(load["wrong"], 0) << load;
+  EXPECT_EQ(load["errors"], 0) << load;
+  EXPECT_EQ(load["missing"], 0) << load;
+  // After the TTL, b's objects are gone and its segment unmounted; dup/ still reads from a.
+  // Each exist is one round trip to c, which paces the loop.
+  auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  json only_b;
+  do {
+    only_b = Send(c, {{"cmd", "exist"}, {"keys", Keys("only-b/", 16)}});
+  } while (only_b["exist"] != json(std::vector<bool>(16, false)) &&
+           std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(only_b["exist"], json(std::vector<bool>(16, false))) << only_b;
+  json dup = Get(c, "dup/", 64, 64 * 1024);
+  EXPECT_EQ(dup["verified"], 64) << dup;
+  ASSERT_TRUE(c.WriteLine(json{{"cmd", "route"}, {"segment", "b"}}.dump()).ok());
+  auto route = c.ReadLine(seconds(10));
+  ASSERT_TRUE(route.ok());
+  EXPECT_NE(route->find("no segment named 'b'"), std::string::npos) << *route;
 }
 
 // Reads a worker's stats until `done` accepts them or `timeout` passes; returns the last ones.
@@ -517,11 +524,12 @@ TEST(StoreE2ETest, ClientsRemountAfterMasterRestart) {
   Master restarted = StartMaster({}, port);
   ASSERT_EQ(restarted.address, master.address);
   // Heartbeats (every second) notice the new master; a data call remounts on its own as well.
-  bool recovered = false;
-  for (int attempt = 0; attempt < 40 && !recovered; ++attempt) {
-    json put = Put(a, "after/", 10, 4096, "b");
-    recovered = put["ok"] == 10;
-    if (!recovered) std::this_thread::sleep_for(milliseconds(250));
+  // Each put is a round trip to a and to the master (a refused one fails fast, hence the pause).
+  auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  bool recovered = Put(a, "after/", 10, 4096, "b")["ok"] == 10;
+  while (!recovered && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(100));  // the polling interval, not a wait
+    recovered = Put(a, "after/", 10, 4096, "b")["ok"] == 10;
   }
   ASSERT_TRUE(recovered);
   json after = Get(b, "after/", 10, 4096);

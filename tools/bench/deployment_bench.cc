@@ -42,11 +42,6 @@ bool TerminationRequested() {
   return sigismember(&pending, SIGTERM) || sigismember(&pending, SIGINT);
 }
 
-uint64_t U64(const json& object, const char* field) {
-  auto it = object.find(field);
-  return it != object.end() && it->is_number() ? it->get<uint64_t>() : 0;
-}
-
 void AddCounts(json& into, const json& from, const std::string& prefix) {
   if (!from.is_object()) return;
   for (const auto& [kind, n] : from.items()) {
@@ -298,7 +293,7 @@ class DeploymentRun {
       }
       for (size_t i = 0; i < prefills_.size(); ++i) {
         if (prefills_[i]->killed()) continue;
-        uint64_t written = U64(prefills_[i]->latest(), "written");
+        uint64_t written = JsonU64(prefills_[i]->latest(), "written");
         if (written > relayed[i]) {
           prefills_[1 - i]->Send({{"cmd", "hw"}, {"written", written}});
           relayed[i] = written;
@@ -347,8 +342,8 @@ class DeploymentRun {
     StoreTotals totals;
     for (auto& prefill : prefills_) {
       json line = prefill->latest();
-      totals.ops += U64(line, "puts") + U64(line, "gets");
-      totals.bytes += U64(line, "put_bytes") + U64(line, "get_bytes");
+      totals.ops += JsonU64(line, "puts") + JsonU64(line, "gets");
+      totals.bytes += JsonU64(line, "put_bytes") + JsonU64(line, "get_bytes");
       if (auto routes = line.find("bytes_by_route"); routes != line.end()) {
         for (const auto& [route, bytes] : routes->items()) {
           totals.by_route[route] += bytes.get<uint64_t>();
@@ -374,8 +369,8 @@ class DeploymentRun {
     }
     json decode = decode_->latest();
     json counters = decode.value("phases", json::object()).value(phase, json::object());
-    uint64_t transfers = U64(counters, "transfers");
-    uint64_t bytes = U64(counters, "bytes");
+    uint64_t transfers = JsonU64(counters, "transfers");
+    uint64_t bytes = JsonU64(counters, "bytes");
     if (phase != last_phase_) last_pd_transfers_ = last_pd_bytes_ = 0;
     std::vector<double> window = decode_->TakeWindow(phase);
     line << " GB/s; total";
@@ -425,17 +420,18 @@ class DeploymentRun {
   json Pd(const std::string& phase, double seconds_long) {
     json counters = decode_->latest().value("phases", json::object()).value(phase, json::object());
     std::vector<double> lat = decode_->AllLatencies(phase);
-    uint64_t bytes = U64(counters, "bytes");
-    return {{"transfers", U64(counters, "transfers")},
-            {"bytes", bytes},
-            {"failures", U64(counters, "failures")},
-            {"gbps", Gbps(bytes, seconds_long)},
-            {"transfers_per_s", seconds_long > 0 ? U64(counters, "transfers") / seconds_long : 0},
-            {"p50_ms", Percentile(lat, 50)},
-            {"p99_ms", Percentile(lat, 99)},
-            {"max_ms", Percentile(lat, 100)},
-            {"routes", counters.value("routes", json::object())},
-            {"by_prefill", counters.value("by_prefill", json::object())}};
+    uint64_t bytes = JsonU64(counters, "bytes");
+    return {
+        {"transfers", JsonU64(counters, "transfers")},
+        {"bytes", bytes},
+        {"failures", JsonU64(counters, "failures")},
+        {"gbps", Gbps(bytes, seconds_long)},
+        {"transfers_per_s", seconds_long > 0 ? JsonU64(counters, "transfers") / seconds_long : 0},
+        {"p50_ms", Percentile(lat, 50)},
+        {"p99_ms", Percentile(lat, 99)},
+        {"max_ms", Percentile(lat, 100)},
+        {"routes", counters.value("routes", json::object())},
+        {"by_prefill", counters.value("by_prefill", json::object())}};
   }
 
   json Summary() {
@@ -478,8 +474,8 @@ class DeploymentRun {
     uint64_t pd_read = 0, pd_verified = 0;
     const json phases = decode_->latest().value("phases", json::object());
     for (const auto& [phase, counters] : phases.items()) {
-      pd_read += U64(counters, "bytes");
-      pd_verified += U64(counters, "verified_bytes");
+      pd_read += JsonU64(counters, "bytes");
+      pd_verified += JsonU64(counters, "verified_bytes");
     }
 
     StoreTotals store = Store();
@@ -488,13 +484,13 @@ class DeploymentRun {
     json prefills = json::object();
     for (auto& prefill : prefills_) {
       json line = prefill->latest();
-      puts += U64(line, "puts");
-      gets += U64(line, "gets");
-      missing += U64(line, "missing");
-      store_read += U64(line, "get_bytes");
-      store_verified += U64(line, "verified_bytes");
-      same_host_tcp += U64(line, "same_host_tcp_bytes");
-      mapped_segments += U64(line, "mapped_segments");
+      puts += JsonU64(line, "puts");
+      gets += JsonU64(line, "gets");
+      missing += JsonU64(line, "missing");
+      store_read += JsonU64(line, "get_bytes");
+      store_verified += JsonU64(line, "verified_bytes");
+      same_host_tcp += JsonU64(line, "same_host_tcp_bytes");
+      mapped_segments += JsonU64(line, "mapped_segments");
       line.erase("role");
       line.erase("name");
       line["killed"] = prefill->killed();

@@ -75,11 +75,6 @@ Result<MasterCounts> AskStats(const client::MasterClient& master) {
   return counts;
 }
 
-uint64_t U64(const json& object, const char* field) {
-  auto it = object.find(field);
-  return it != object.end() && it->is_number() ? it->get<uint64_t>() : 0;
-}
-
 void AddCounts(json& into, const json& from) {
   if (!from.is_object()) return;
   for (const auto& [kind, n] : from.items()) {
@@ -286,8 +281,8 @@ class FailoverRun {
     }
     LARDER_ASSIGN_OR_RETURN(std::vector<json> replies, AskAll(commands, BulkTimeout()));
     for (size_t i = 0; i < replies.size(); ++i) {
-      if (U64(replies[i], "ok") != shares_[i]) {
-        return InternalError(Cat("client ", i, " stored ", U64(replies[i], "ok"), " of its ",
+      if (JsonU64(replies[i], "ok") != shares_[i]) {
+        return InternalError(Cat("client ", i, " stored ", JsonU64(replies[i], "ok"), " of its ",
                                  shares_[i], " objects: ", replies[i].value("first_error", "")));
       }
     }
@@ -303,7 +298,7 @@ class FailoverRun {
     double rate = 0;
     for (const json& reply : replies) {
       double seconds = reply.value("seconds", 0.0);
-      if (seconds > 0) rate += static_cast<double>(U64(reply, "ok")) / seconds;
+      if (seconds > 0) rate += static_cast<double>(JsonU64(reply, "ok")) / seconds;
     }
     return rate;
   }
@@ -330,8 +325,8 @@ class FailoverRun {
       LARDER_ASSIGN_OR_RETURN(std::vector<json> replies, AskAll(puts, BulkTimeout()));
       out["steady_put_ops"] = Rate(replies);
       for (const json& reply : replies) {
-        steady_ok_.push_back(U64(reply, "ok"));
-        errors += U64(reply, "errors");
+        steady_ok_.push_back(JsonU64(reply, "ok"));
+        errors += JsonU64(reply, "errors");
       }
     } else {
       out["steady_put_ops"] = nullptr;
@@ -341,8 +336,8 @@ class FailoverRun {
     LARDER_ASSIGN_OR_RETURN(std::vector<json> replies, AskAll(gets, get_timeout));
     out["steady_get_ops"] = Rate(replies);
     for (const json& reply : replies) {
-      errors += U64(reply, "errors") + U64(reply, "missing") + U64(reply, "retryable") +
-                U64(reply, "wrong");
+      errors += JsonU64(reply, "errors") + JsonU64(reply, "missing") + JsonU64(reply, "retryable") +
+                JsonU64(reply, "wrong");
     }
     out["steady_errors"] = errors;
     Progress(
@@ -363,7 +358,7 @@ class FailoverRun {
       std::string behind;
       catalog_total_ = 0;
       for (size_t i = 0; i < replies.size(); ++i) {
-        uint64_t held = U64(replies[i], "objects");
+        uint64_t held = JsonU64(replies[i], "objects");
         uint64_t owned = shares_[i] + steady_ok_[i];
         catalog_total_ += held;
         if (held < owned && behind.empty()) {
@@ -510,8 +505,8 @@ class FailoverRun {
       for (const auto& [kind, message] : probe["first_errors"].items()) {
         if (!first_errors.contains(kind)) first_errors[kind] = message;
       }
-      wrong += U64(probe, "wrong");
-      failures_before += U64(probe["before"], "failures");
+      wrong += JsonU64(probe, "wrong");
+      failures_before += JsonU64(probe["before"], "failures");
     }
     auto [put_median, put_max] = MedianAndMax(resume_put);
     auto [get_median, get_max] = MedianAndMax(resume_get);
@@ -580,10 +575,10 @@ class FailoverRun {
       }
       LARDER_ASSIGN_OR_RETURN(std::vector<json> replies, AskAll(commands, BulkTimeout()));
       for (const json& reply : replies) {
-        total.verified += U64(reply, "verified");
-        total.wrong += U64(reply, "wrong");
-        total.missing += U64(reply, "missing");
-        total.unreadable += U64(reply, "retryable") + U64(reply, "errors");
+        total.verified += JsonU64(reply, "verified");
+        total.wrong += JsonU64(reply, "wrong");
+        total.missing += JsonU64(reply, "missing");
+        total.unreadable += JsonU64(reply, "retryable") + JsonU64(reply, "errors");
         if (total.first_error.empty()) total.first_error = reply.value("first_error", "");
       }
     }

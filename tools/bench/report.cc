@@ -83,4 +83,9 @@ std::string Fixed(double value, int precision) {
   return buf;
 }
 
+uint64_t JsonU64(const nlohmann::json& object, const char* field) {
+  auto it = object.find(field);
+  return it != object.end() && it->is_number() ? it->get<uint64_t>() : 0;
+}
+
 }  // namespace larder::bench

@@ -1,11 +1,14 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// Output helpers for benchmarks: percentiles, a progress bar on stderr, and aligned tables.
+// Output helpers for benchmarks: percentiles, a progress bar on stderr, aligned tables, and reading
+// the counts in workers' JSON replies.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,5 +47,9 @@ class Table {
 
 // printf-style formatting of one double with `precision` decimals.
 std::string Fixed(double value, int precision);
+
+// The count `field` of a JSON object, or 0 when the field is absent or not a number (a worker's
+// reply read leniently: a count it did not report is none).
+uint64_t JsonU64(const nlohmann::json& object, const char* field);
 
 }  // namespace larder::bench

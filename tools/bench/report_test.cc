@@ -29,5 +29,13 @@ TEST(TableTest, AlignsColumns) {
             "longer  10.25\n");
 }
 
+TEST(JsonU64Test, ReadsCountsAndTreatsAnythingElseAsNone) {
+  nlohmann::json reply = {{"puts", 12}, {"name", "a"}, {"none", nullptr}};
+  EXPECT_EQ(JsonU64(reply, "puts"), 12u);
+  EXPECT_EQ(JsonU64(reply, "name"), 0u);
+  EXPECT_EQ(JsonU64(reply, "none"), 0u);
+  EXPECT_EQ(JsonU64(reply, "absent"), 0u);
+}
+
 }  // namespace
 }  // namespace larder::bench

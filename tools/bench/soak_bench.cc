@@ -42,11 +42,6 @@ int64_t NowNs() { return FailoverProbe::NowNs(); }
 
 int64_t ToNs(double seconds) { return static_cast<int64_t>(seconds * 1e9); }
 
-uint64_t U64(const json& object, const char* field) {
-  auto it = object.find(field);
-  return it != object.end() && it->is_number() ? it->get<uint64_t>() : 0;
-}
-
 // What /proc says of a process.
 struct ProcSample {
   bool alive = false;  // exists and is not a zombie
@@ -100,18 +95,12 @@ struct Tracked {
       series_at_ns = now;
     }
   }
-  json RssGrowth() const {
-    return baseline ? json(static_cast<int64_t>(last.rss) - static_cast<int64_t>(baseline->rss))
-                    : json(nullptr);
-  }
-  json RssAnonGrowth() const {
-    return baseline ? json(static_cast<int64_t>(last.rss_anon) -
-                           static_cast<int64_t>(baseline->rss_anon))
-                    : json(nullptr);
-  }
-  json FdGrowth() const {
-    return baseline ? json(static_cast<int64_t>(last.fds) - static_cast<int64_t>(baseline->fds))
-                    : json(nullptr);
+  // The growth of one field of the sample (e.g. &ProcSample::fds) since the warm-up; null before
+  // this incarnation has a baseline.
+  json Growth(uint64_t ProcSample::*field) const {
+    return baseline
+               ? json(static_cast<int64_t>(last.*field) - static_cast<int64_t>((*baseline).*field))
+               : json(nullptr);
   }
 };
 
@@ -272,7 +261,7 @@ class SoakRun {
   void PollClients() {
     // The peers' key ranges, relayed with each poll.
     std::map<std::string, uint64_t> ranges;
-    for (const Client& client : clients_) ranges[client.prefix] = U64(client.status, "next");
+    for (const Client& client : clients_) ranges[client.prefix] = JsonU64(client.status, "next");
     for (size_t i = 0; i < clients_.size(); ++i) {
       Client& client = clients_[i];
       if (client.stalled) continue;
@@ -305,7 +294,7 @@ class SoakRun {
   // Adds what a client did since its previous report.
   void Absorb(Client& client, const json& status) {
     for (const char* count : kCounts) {
-      uint64_t now = U64(status, count), before = U64(client.status, count);
+      uint64_t now = JsonU64(status, count), before = JsonU64(client.status, count);
       if (now > before) totals_[count] = totals_[count].get<uint64_t>() + (now - before);
     }
     for (const json& failure : status.value("failures", json::array())) {
@@ -323,7 +312,7 @@ class SoakRun {
             keys);
       }
     }
-    if (uint64_t dropped = U64(status, "failures_dropped"); dropped > 0) {
+    if (uint64_t dropped = JsonU64(status, "failures_dropped"); dropped > 0) {
       // Batches past the worker's bound carry no time: explained only while a fault is on.
       if (Explained(NowNs() - kSecondNs, NowNs())) {
         expected_["dropped_batches"] = expected_.value("dropped_batches", uint64_t{0}) + dropped;
@@ -454,9 +443,9 @@ class SoakRun {
     std::vector<const Tracked*> tracked = {&master_};
     for (const Client& client : clients_) tracked.push_back(&client.tracked);
     for (const Tracked* process : tracked) {
-      rss[process->name] = process->RssGrowth();
-      anon[process->name] = process->RssAnonGrowth();
-      fds[process->name] = process->FdGrowth();
+      rss[process->name] = process->Growth(&ProcSample::rss);
+      anon[process->name] = process->Growth(&ProcSample::rss_anon);
+      fds[process->name] = process->Growth(&ProcSample::fds);
       processes[process->name] = {{"pid", process->pid},
                                   {"incarnation", process->incarnation},
                                   {"rss_bytes", process->last.rss},
