@@ -14,6 +14,7 @@
 
 #include "bench/process.h"
 #include "client/master_client.h"
+#include "transfer/testing/test_util.h"
 
 namespace larder {
 namespace {
@@ -524,13 +525,8 @@ TEST(StoreE2ETest, ClientsRemountAfterMasterRestart) {
   Master restarted = StartMaster({}, port);
   ASSERT_EQ(restarted.address, master.address);
   // Heartbeats (every second) notice the new master; a data call remounts on its own as well.
-  // Each put is a round trip to a and to the master (a refused one fails fast, hence the pause).
-  auto deadline = std::chrono::steady_clock::now() + seconds(20);
-  bool recovered = Put(a, "after/", 10, 4096, "b")["ok"] == 10;
-  while (!recovered && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(100));  // the polling interval, not a wait
-    recovered = Put(a, "after/", 10, 4096, "b")["ok"] == 10;
-  }
+  bool recovered =
+      testutil::WaitUntil([&] { return Put(a, "after/", 10, 4096, "b")["ok"] == 10; }, seconds(20));
   ASSERT_TRUE(recovered);
   json after = Get(b, "after/", 10, 4096);
   EXPECT_EQ(after["verified"], 10) << after;
