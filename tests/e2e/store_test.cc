@@ -399,9 +399,12 @@ TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
 // A reader holds leases on 16 objects (the test plays a reader stuck mid-copy, through the
 // master's own API) while a writer puts 2000 more into a pool of 64: every put succeeds by
 // evicting other objects, and no held object is evicted. Once released, the held objects are
-// plain LRU objects again: the oldest, so the next puts evict them first.
+// plain LRU objects again: the oldest, so the next puts evict them first. The master keeps no
+// eviction headroom: what it evicts is then exactly what the puts need, in LRU order (with
+// headroom, the sweeper's free space would take the first puts after the release).
 TEST(StoreE2ETest, PutsEvictAroundObjectsReadersHold) {
-  Master master = StartMaster({"--lease-ttl", "60s", "--client-ttl", "60s"});
+  Master master =
+      StartMaster({"--lease-ttl", "60s", "--client-ttl", "60s", "--eviction-headroom", "0"});
   ChildProcess owner = StartWorker(master, "small", "4M");
   ChildProcess writer = StartWorker(master, "writer", "0");
   ASSERT_EQ(Put(writer, "held/", 16, 64 * 1024, "small")["ok"], 16);

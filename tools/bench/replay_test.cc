@@ -219,11 +219,17 @@ ReplayOptions EndToEndOptions() {
   return options;
 }
 
-// The fixture replayed one request at a time into a pool of `capacity` bytes, checked for errors.
+// The fixture replayed one request at a time by one client into a pool of `capacity` bytes,
+// checked for errors. One client: a read's lease release rides on that client's next call, so
+// it reaches the master before the next request's puts evict. A second client would start the
+// next request while the first one's release may still be on its way (a few ms later, by
+// design), and a put then evicts around the object still leased, which exact LRU would have
+// taken.
 Result<ReplayResult> ReplayFixtureSequentially(uint64_t capacity) {
   LARDER_ASSIGN_OR_RETURN(std::vector<TraceRequest> requests, LoadTrace(kFixture));
   ReplayOptions options = EndToEndOptions();
   options.capacity = capacity;
+  options.clients = 1;
   options.inflight = 1;
   // Exact LRU keeps the pool full: so does the store without headroom (its puts then wait for
   // the owners to acknowledge the evictions).
