@@ -8,6 +8,9 @@ JOBS ?= 2
 FUZZ_RUNS ?= 10000000
 FUZZ_SECONDS ?= 3600
 TEST_FUZZ_SECONDS ?= 20
+# Optimisation of the sanitizer and fuzz builds: -O1 with line tables only compiles in half the
+# time of -O2 -g, and ASan's reports and libFuzzer's coverage need no more.
+CHECK_OPT_FLAGS ?= -O1 -g1 -DNDEBUG
 
 .PHONY: all deps build run test bench fuzz fuzz-build format format-check clean help
 
@@ -32,7 +35,8 @@ run: build
 	LARDER_LOG_LEVEL=$${LARDER_LOG_LEVEL:-warn} $(BUILD_DIR)/bin/larder-demo
 
 test: deps
-	cmake -S . -B $(TEST_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLARDER_SANITIZE=ON
+	cmake -S . -B $(TEST_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLARDER_SANITIZE=ON \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(CHECK_OPT_FLAGS)"
 	cmake --build $(TEST_BUILD_DIR) -j$(JOBS)
 	cd $(TEST_BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
 	$(MAKE) fuzz-build
@@ -40,6 +44,7 @@ test: deps
 
 fuzz-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(CHECK_OPT_FLAGS)" \
 	  -DLARDER_FUZZ=ON -DLARDER_BUILD_TESTS=OFF -DLARDER_BUILD_PYTHON=OFF
 	cmake --build $(FUZZ_BUILD_DIR) -j$(JOBS) --target larder-fuzzers
 
