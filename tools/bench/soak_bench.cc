@@ -327,11 +327,14 @@ class SoakRun {
     client.status = std::move(kept);
   }
 
+  // A failure is explained by a fault when the operation's span [from, to] meets the fault or
+  // the grace after it: a call already in flight when the master is killed fails as well as one
+  // made while it is down.
   bool Explained(int64_t from_ns, int64_t to_ns) const {
     const int64_t grace = ToNs(options_.grace_s);
     for (const Window& window : windows_) {
       const int64_t end = window.end_ns == INT64_MAX ? INT64_MAX : window.end_ns + grace;
-      if (from_ns >= window.start_ns && to_ns <= end) return true;
+      if (to_ns >= window.start_ns && from_ns <= end) return true;
     }
     return false;
   }
