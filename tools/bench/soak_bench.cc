@@ -327,9 +327,9 @@ class SoakRun {
     client.status = std::move(kept);
   }
 
-  // A failure is explained by a fault when the operation's span [from, to] meets the fault or
-  // the grace after it: a call already in flight when the master is killed fails as well as one
-  // made while it is down.
+  // A failure is explained by a fault when its span [from, to] (a client's run of failures of one
+  // kind, SoakLoad::Fail) meets the fault or the grace after it: a run that began just before the
+  // fault's start was recorded belongs to it as much as one wholly inside.
   bool Explained(int64_t from_ns, int64_t to_ns) const {
     const int64_t grace = ToNs(options_.grace_s);
     for (const Window& window : windows_) {
