@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -147,6 +148,7 @@ class SoakRun {
 
   Result<json> Run() {
     start_ns_ = NowNs();
+    last_print_ns_ = start_ns_;
     LARDER_RETURN_IF_ERROR(StartMaster("0"));
     port_ = master_process_.port();
     for (size_t i = 0; i < clients_.size(); ++i) LARDER_RETURN_IF_ERROR(StartClient(i));
@@ -343,6 +345,26 @@ class SoakRun {
     unexpected_[kind] = unexpected_.value(kind, uint64_t{0}) + n;
     unexpected_total_ += n;
     if (first_unexpected_.size() < 10) first_unexpected_.push_back(message);
+    if (message.find("larder-master") != std::string::npos &&
+        message.find("unreachable") != std::string::npos) {
+      DumpMasterStacks();
+    }
+  }
+
+  // The first time a client finds the master unreachable with no fault to explain it, what the
+  // master's threads are doing goes to a file (with gdb, where there is one): a master that is
+  // still stuck shows where.
+  void DumpMasterStacks() {
+    if (!master_stacks_.is_null() || !std::filesystem::exists("/usr/bin/gdb")) return;
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("larder-soak-" + std::to_string(getpid()) + "-master-stacks.txt"))
+                                 .string();
+    const std::string command = "/usr/bin/gdb -batch -p " + std::to_string(master_.pid) +
+                                " -ex 'thread apply all bt' > " + path + " 2>&1";
+    const int rc = std::system(command.c_str());
+    master_stacks_ = path;
+    Progress("the master was unreachable: its stacks at " + Fixed(T(NowNs()), 1) + " s are in " +
+             path + (rc == 0 ? "" : " (gdb failed)"));
   }
 
   Status BeginFault() {
@@ -441,6 +463,7 @@ class SoakRun {
     out["errors_by_class"] = {{"expected", expected_}, {"unexpected", unexpected_}};
     out["first_unexpected"] = first_unexpected_;
     out["unexpected_exits"] = unexpected_exits_;
+    out["master_stacks"] = master_stacks_;
     json rss = json::object(), anon = json::object(), fds = json::object();
     json processes = json::object();
     std::vector<const Tracked*> tracked = {&master_};
@@ -487,6 +510,7 @@ class SoakRun {
   uint64_t unexpected_total_ = 0;
   json first_unexpected_ = json::array();
   json unexpected_exits_ = json::array();
+  json master_stacks_;  // the file DumpMasterStacks wrote, or null
   int64_t last_print_ns_ = 0;
   uint64_t last_print_ops_ = 0;
 };

@@ -98,7 +98,8 @@ void SoakLoad::Loop() {
   }
 }
 
-void SoakLoad::Fail(const char* op, std::string code, uint32_t keys, const std::string& message) {
+void SoakLoad::Fail(const char* op, std::string code, uint32_t keys, const std::string& message,
+                    int64_t started_ns) {
   // REQUIRES: mu_ held.
   std::string kind = std::string(op) + ":" + code;
   counts_["errors"][kind] = counts_["errors"].value(kind, uint64_t{0}) + keys;
@@ -117,7 +118,7 @@ void SoakLoad::Fail(const char* op, std::string code, uint32_t keys, const std::
     ++failures_dropped_;
     return;
   }
-  failures_.push_back({{"t0_ns", now},
+  failures_.push_back({{"t0_ns", started_ns},
                        {"t_ns", now},
                        {"op", op},
                        {"code", std::move(code)},
@@ -147,6 +148,7 @@ void SoakLoad::Put() {
     FillValue(names.back(), std::span(slot, sizes.back()));
     ptrs.push_back(slot);
   }
+  const int64_t started_ns = FailoverProbe::NowNs();
   std::vector<larder::Status> results = client_->BatchPutFrom(names, ptrs, sizes);
   // Failed keys are skipped too: every key is put at most once, so a reader never sees two values.
   next_ += names.size();
@@ -162,7 +164,8 @@ void SoakLoad::Put() {
   std::lock_guard lock(mu_);
   counts_["ops"] = counts_["ops"].get<uint64_t>() + names.size();
   counts_["puts"] = counts_["puts"].get<uint64_t>() + ok;
-  for (const auto& [code, entry] : failed.by_code) Fail("put", code, entry.first, entry.second);
+  for (const auto& [code, entry] : failed.by_code)
+    Fail("put", code, entry.first, entry.second, started_ns);
 }
 
 void SoakLoad::Get() {
@@ -186,6 +189,7 @@ void SoakLoad::Get() {
     ptrs.push_back(buffer_.data() + j * options_.max_value);
     capacities.push_back(options_.max_value);
   }
+  const int64_t started_ns = FailoverProbe::NowNs();
   std::vector<Result<size_t>> results = client_->BatchGetInto(names, ptrs, capacities);
   uint64_t ok = 0, missing = 0, wrong_keys = 0, wrong_bytes = 0;
   std::string first_wrong;
@@ -218,8 +222,10 @@ void SoakLoad::Get() {
   counts_["missing"] = counts_["missing"].get<uint64_t>() + missing;
   counts_["wrong_keys"] = counts_["wrong_keys"].get<uint64_t>() + wrong_keys;
   counts_["wrong_bytes"] = counts_["wrong_bytes"].get<uint64_t>() + wrong_bytes;
-  if (wrong_keys > 0) Fail("get", "wrong", static_cast<uint32_t>(wrong_keys), first_wrong);
-  for (const auto& [code, entry] : failed.by_code) Fail("get", code, entry.first, entry.second);
+  if (wrong_keys > 0)
+    Fail("get", "wrong", static_cast<uint32_t>(wrong_keys), first_wrong, started_ns);
+  for (const auto& [code, entry] : failed.by_code)
+    Fail("get", code, entry.first, entry.second, started_ns);
 }
 
 void SoakLoad::Remove() {
@@ -229,6 +235,7 @@ void SoakLoad::Remove() {
   for (size_t j = 0; j < options_.batch; ++j) {
     names.push_back(options_.prefix + std::to_string(rng_() % count));
   }
+  const int64_t started_ns = FailoverProbe::NowNs();
   std::vector<larder::Status> results = client_->BatchRemove(names);
   uint64_t ok = 0, missing = 0, busy = 0;
   BatchFailures failed;
@@ -249,7 +256,8 @@ void SoakLoad::Remove() {
   counts_["removes"] = counts_["removes"].get<uint64_t>() + ok;
   counts_["missing"] = counts_["missing"].get<uint64_t>() + missing;
   counts_["busy"] = counts_["busy"].get<uint64_t>() + busy;
-  for (const auto& [code, entry] : failed.by_code) Fail("remove", code, entry.first, entry.second);
+  for (const auto& [code, entry] : failed.by_code)
+    Fail("remove", code, entry.first, entry.second, started_ns);
 }
 
 }  // namespace larder::bench

@@ -72,9 +72,10 @@ class SoakLoad {
   // "wrong_bytes": values read that were not the key's value; "errors": {"put:<code>" ...: keys};
   // "next": keys put so far) and "failures": what failed since the previous call, each
   // {"t0_ns", "t_ns", "op", "code", "keys", "message"}: failures of one kind in a row within
-  // kFailureSpanNs are one entry, from the first (t0_ns) to the last (at most kMaxFailures
-  // entries; "failures_dropped" counts the batches left out). Wrong values are failures too, with
-  // code "wrong".
+  // kFailureSpanNs are one entry, from the start of the first failed batch (t0_ns) to the end of
+  // the last (t_ns; at most kMaxFailures entries; "failures_dropped" counts the batches left out).
+  // A batch's span starts when it was sent: a call that times out failed from its start. Wrong
+  // values are failures too, with code "wrong".
   nlohmann::json Status();
 
   static constexpr size_t kMaxFailures = 4096;
@@ -86,8 +87,9 @@ class SoakLoad {
   void Put();
   void Get();
   void Remove();
-  // Records a failed batch's keys of one kind.
-  void Fail(const char* op, std::string code, uint32_t keys, const std::string& message);
+  // Records a failed batch's keys of one kind; the batch was sent at started_ns.
+  void Fail(const char* op, std::string code, uint32_t keys, const std::string& message,
+            int64_t started_ns);
 
   StoreClient* const client_;
   const SoakLoadOptions options_;
