@@ -3,6 +3,7 @@ BUILD_DIR ?= build
 TEST_BUILD_DIR ?= build-asan
 FUZZ_BUILD_DIR ?= build-fuzz
 JOBS ?= 2
+PREFIX ?= /usr/local
 # `make fuzz` runs each fuzz target for FUZZ_RUNS inputs, or FUZZ_SECONDS if that comes first;
 # `make test` runs each for TEST_FUZZ_SECONDS.
 FUZZ_RUNS ?= 10000000
@@ -12,7 +13,7 @@ TEST_FUZZ_SECONDS ?= 20
 # time of -O2 -g, and ASan's reports and libFuzzer's coverage need no more.
 CHECK_OPT_FLAGS ?= -O1 -g1 -DNDEBUG
 
-.PHONY: all deps build run test bench fuzz fuzz-build format format-check clean help
+.PHONY: all deps build run test bench fuzz fuzz-build deb install format format-check clean help
 
 all: build
 
@@ -22,6 +23,8 @@ help:
 	@echo "make bench        build, run the benchmarks into bench/results/"
 	@echo "make fuzz         build the libFuzzer targets with clang in $(FUZZ_BUILD_DIR)/, run each for FUZZ_RUNS ($(FUZZ_RUNS)) inputs or FUZZ_SECONDS ($(FUZZ_SECONDS))"
 	@echo "make build        Release build into $(BUILD_DIR)/ (binaries in $(BUILD_DIR)/bin)"
+	@echo "make deb          Debian packages (liblarder, larder-tools, python3-larder) into $(BUILD_DIR)/packages/"
+	@echo "make install      build and install under PREFIX ($(PREFIX))"
 	@echo "make format       clang-format every source file"
 
 deps:
@@ -36,6 +39,7 @@ run: build
 
 test: deps
 	cmake -S . -B $(TEST_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLARDER_SANITIZE=ON \
+	  -DCMAKE_INSTALL_PREFIX=/usr \
 	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(CHECK_OPT_FLAGS)"
 	cmake --build $(TEST_BUILD_DIR) -j$(JOBS)
 	cd $(TEST_BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
@@ -50,6 +54,18 @@ fuzz-build: deps
 
 fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS) $(FUZZ_RUNS)
+
+# The packages install under /usr (settings in /etc/default, units in /usr/lib/systemd/system).
+deb: deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DLARDER_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/usr
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+	cd $(BUILD_DIR) && cpack -G DEB
+	@ls -1 $(BUILD_DIR)/packages/*.deb
+
+install: deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DLARDER_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=$(PREFIX)
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+	cmake --install $(BUILD_DIR)
 
 bench: build
 	scripts/bench.sh $(BUILD_DIR)

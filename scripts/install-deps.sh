@@ -31,6 +31,10 @@ packages=(
   python3-pytest
   python3-numpy
   python3-torch
+  python3-pip
+  python3-setuptools
+  python3-wheel
+  dpkg-dev
   etcd-server
   etcd-client
   libucx-dev
@@ -38,6 +42,7 @@ packages=(
   clang
   libclang-rt-14-dev
   gdb
+  chromium
 )
 
 missing=()

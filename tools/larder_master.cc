@@ -33,9 +33,9 @@ int main(int argc, char** argv) {
   larder::bench::BlockTerminationSignals();
   CLI::App app{
       "larder-master: metadata service of the Larder store (object placement, leases, eviction,\n"
-      "client liveness). Clients reach it over gRPC; operators over HTTP (/metrics, /health,\n"
-      "/segments, /keys?prefix=, and Mooncake's /get_all_keys, /query_key?key=, ...). It holds\n"
-      "no object bytes."};
+      "client liveness). Clients reach it over gRPC; operators over HTTP (the status page at /,\n"
+      "/api/..., /metrics, /health, /keys?prefix=, Mooncake's /get_all_keys, ...; larder-ctl\n"
+      "uses them). It holds no object bytes."};
   app.set_version_flag("--version", std::string("larder-master ") + larder::Version(),
                        "print the version and exit");
   larder::master::MasterServerOptions options;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "client/master_client.h"
@@ -437,7 +438,7 @@ TEST(MasterAuthTest, AdminHttpRoutesNeedTheAdminTokenAndMetricsNameNoKeys) {
   MountAndPut(writer, "writer", "writer-seg", {"secret-prompt-key"});
   httplib::Client http("127.0.0.1", server->http_port());
   for (const char* path :
-       {"/keys", "/segments", "/get_all_keys", "/get_all_segments",
+       {"/keys", "/segments", "/api/segments", "/api/clients", "/get_all_keys", "/get_all_segments",
         "/query_key?key=secret-prompt-key", "/batch_query_keys?keys=secret-prompt-key",
         "/query_segment?segment=writer-seg"}) {
     auto anonymous = http.Get(path);
@@ -459,7 +460,78 @@ TEST(MasterAuthTest, AdminHttpRoutesNeedTheAdminTokenAndMetricsNameNoKeys) {
     ASSERT_TRUE(keys);
     EXPECT_NE(keys->body.find("secret-prompt-key"), std::string::npos) << path;
   }
-  for (const char* path : {"/health", "/metrics"}) {
+  // Removal by prefix: the admin token, and a JSON body.
+  const std::string body = R"({"prefix": "secret-"})";
+  auto anonymous_remove = http.Post("/api/remove", body, "application/json");
+  ASSERT_TRUE(anonymous_remove);
+  EXPECT_EQ(anonymous_remove->status, 401);
+  auto cluster_remove =
+      http.Post("/api/remove", {{"Authorization", std::string("Bearer ") + kToken}}, body,
+                "application/json");
+  ASSERT_TRUE(cluster_remove);
+  EXPECT_EQ(cluster_remove->status, 403);
+  const httplib::Headers admin = {{"Authorization", std::string("Bearer ") + kAdminToken}};
+  auto form =
+      http.Post("/api/remove", admin, "prefix=secret-", "application/x-www-form-urlencoded");
+  ASSERT_TRUE(form);
+  EXPECT_EQ(form->status, 415);  // what a cross-site form could send
+  for (const char* bad : {"[]", R"({"prefix": 1})", R"({"prefix": "a", "force": "yes"})", "{"}) {
+    auto refused = http.Post("/api/remove", admin, bad, "application/json");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << bad;
+  }
+  auto kept = http.Get("/keys", admin);
+  ASSERT_TRUE(kept);
+  EXPECT_NE(kept->body.find("secret-prompt-key"), std::string::npos);
+  auto removed = http.Post("/api/remove", admin, body, "application/json");
+  ASSERT_TRUE(removed);
+  ASSERT_EQ(removed->status, 200) << removed->body;
+  EXPECT_EQ(nlohmann::json::parse(removed->body)["removed"], 1);
+  auto gone = http.Get("/keys", admin);
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->body.find("secret-prompt-key"), std::string::npos);
+  // The drain routes: the admin token too, JSON bodies, and clear refusals.
+  const std::string drain = R"({"segment": "no-such-segment"})";
+  auto anonymous_drain = http.Post("/api/drain", drain, "application/json");
+  ASSERT_TRUE(anonymous_drain);
+  EXPECT_EQ(anonymous_drain->status, 401);
+  auto cluster_drain = http.Post("/api/drain", {{"Authorization", std::string("Bearer ") + kToken}},
+                                 drain, "application/json");
+  ASSERT_TRUE(cluster_drain);
+  EXPECT_EQ(cluster_drain->status, 403);
+  auto drain_form =
+      http.Post("/api/drain", admin, "segment=x", "application/x-www-form-urlencoded");
+  ASSERT_TRUE(drain_form);
+  EXPECT_EQ(drain_form->status, 415);
+  auto unknown = http.Post("/api/drain", admin, drain, "application/json");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404) << unknown->body;
+  for (const char* bad : {R"({"segment": 5})", R"({"segment": "s", "draining": "no"})", "{}"}) {
+    auto refused = http.Post("/api/drain", admin, bad, "application/json");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << bad;
+  }
+  auto both =
+      http.Post("/api/remove", admin, R"({"prefix": "a", "segment": "b"})", "application/json");
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->status, 400);
+  auto unknown_segment =
+      http.Post("/api/remove", admin, R"({"segment": "no-such-segment"})", "application/json");
+  ASSERT_TRUE(unknown_segment);
+  EXPECT_EQ(unknown_segment->status, 404);
+  auto anonymous_listing = http.Get("/api/segment_objects?segment=no-such-segment");
+  ASSERT_TRUE(anonymous_listing);
+  EXPECT_EQ(anonymous_listing->status, 401);
+  auto unknown_listing = http.Get("/api/segment_objects?segment=no-such-segment", admin);
+  ASSERT_TRUE(unknown_listing);
+  EXPECT_EQ(unknown_listing->status, 404);
+  for (const char* limit : {"0", "x", "2000000", "-1"}) {
+    auto refused =
+        http.Get(std::string("/api/segment_objects?segment=no-such-segment&limit=") + limit, admin);
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << limit;
+  }
+  for (const char* path : {"/", "/api/summary", "/api/history", "/health", "/metrics"}) {
     auto open = http.Get(path);
     ASSERT_TRUE(open);
     EXPECT_EQ(open->status, 200) << path;

@@ -59,6 +59,22 @@ void MasterState::SampleRates(int64_t now) {
   }
 }
 
+std::vector<ClientView> MasterState::ListClients() const {
+  const int64_t now = Now();
+  std::vector<ClientView> clients;
+  {
+    std::lock_guard lock(clients_mu_);
+    clients.reserve(clients_.size());
+    for (const auto& [client_id, record] : clients_) {
+      clients.push_back(ClientView{client_id, record.host_id, record.pid,
+                                   std::max<int64_t>(0, now - record.last_seen) / 1'000'000});
+    }
+  }
+  std::sort(clients.begin(), clients.end(),
+            [](const ClientView& a, const ClientView& b) { return a.client_id < b.client_id; });
+  return clients;
+}
+
 void MasterState::ExpireClients(int64_t now) {
   int64_t ttl = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.client_ttl).count();
   std::vector<std::pair<std::string, uint32_t>> expired;

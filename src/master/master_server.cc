@@ -5,7 +5,9 @@
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "master/http_endpoint.h"
 #include "master/leader_election.h"
 #include "master/service.h"
+#include "master/status_history.h"
 
 namespace larder::master {
 
@@ -122,11 +125,34 @@ struct MasterServer::Impl {
   std::thread http_thread;
   std::atomic<bool> http_done{false};  // listen_after_bind returned
   int http_port = -1;
+  // With HTTP: the counters every options.status_interval, for /api/history.
+  StatusHistory history;
+  std::thread sampler;
+  std::mutex sampler_mu;
+  std::condition_variable sampler_cv;
+  bool sampler_stop = false;                 // guarded by sampler_mu
   Fd cluster_lock;                           // without etcd, with a cluster id
   std::unique_ptr<DeferredGate> gate;        // with etcd
   std::unique_ptr<LeaderElection> election;  // with etcd; set before any thread reads it
   std::mutex shutdown_mu;
   bool shut_down = false;  // guarded by shutdown_mu
+
+  // The sampler thread: one sample now, then one every `interval` until stopped.
+  void Sample(std::chrono::milliseconds interval) {
+    std::unique_lock lock(sampler_mu);
+    while (!sampler_stop) {
+      lock.unlock();
+      const int64_t unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
+      const int64_t steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now().time_since_epoch())
+                                    .count();
+      history.Record(SampleStatus(*state, unix_ms, steady_ns));
+      lock.lock();
+      sampler_cv.wait_for(lock, interval, [this] { return sampler_stop; });
+    }
+  }
 };
 
 MasterServer::MasterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -188,12 +214,14 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
   if (options.http_port >= 0) {
     impl->http = std::make_unique<httplib::Server>();
     Impl* raw = impl.get();
-    InstallHttpRoutes(*impl->http, *impl->state,
-                      HttpAuth{impl->sessions->enabled(), options.auth.admin_token}, [raw] {
-                        return raw->election == nullptr
-                                   ? std::string("single")
-                                   : std::string(LeaderElection::RoleName(raw->election->role()));
-                      });
+    InstallHttpRoutes(
+        *impl->http, *impl->state, HttpAuth{impl->sessions->enabled(), options.auth.admin_token},
+        [raw] {
+          return raw->election == nullptr
+                     ? std::string("single")
+                     : std::string(LeaderElection::RoleName(raw->election->role()));
+        },
+        &impl->history);
     if (options.http_port == 0) {
       impl->http_port = impl->http->bind_to_any_port(options.listen_host);
     } else {
@@ -246,6 +274,9 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
       http->listen_after_bind();
       done->store(true);
     });
+    Impl* raw = impl.get();
+    auto interval = std::max(options.status_interval, std::chrono::milliseconds(10));
+    impl->sampler = std::thread([raw, interval] { raw->Sample(interval); });
   }
   impl->state->StartSweeper();
   Log().info("larder-master serving gRPC on {}:{}{}, HTTP on {}", options.listen_host, impl->port,
@@ -292,6 +323,12 @@ void MasterServer::Shutdown() {
   std::lock_guard lock(impl_->shutdown_mu);
   if (impl_->shut_down) return;
   impl_->shut_down = true;
+  {
+    std::lock_guard sampler_lock(impl_->sampler_mu);
+    impl_->sampler_stop = true;
+  }
+  impl_->sampler_cv.notify_all();
+  if (impl_->sampler.joinable()) impl_->sampler.join();
   if (impl_->http) {
     // httplib's stop() does nothing before the listening thread has started, which would then
     // accept forever: wait for it to run (it starts at once) or to have ended.

@@ -22,10 +22,14 @@ struct MasterServerOptions {
   // MasterServer::port()).
   std::string listen_host;
   uint16_t port = 50051;
-  // HTTP (http_endpoint.h): /metrics, /health, /segments, /keys?prefix=, and Mooncake's
+  // HTTP (http_endpoint.h): the status page at /, /api/..., /metrics, /health, /segments,
+  // /keys?prefix=, and Mooncake's
   // /get_all_segments, /get_all_keys, /query_key, /batch_query_keys, /query_segment. Port 0 picks
   // a free port; -1 disables.
   int http_port = 9003;
+  // How often the HTTP endpoint samples the counters for /api/history and the status page; the
+  // last 300 samples are kept.
+  std::chrono::milliseconds status_interval{1000};
   MasterOptions master;
   // Cluster and admin tokens (docs/security.md). Without a cluster token every call is served
   // unauthenticated, so the master then refuses to listen beyond loopback unless `insecure`.

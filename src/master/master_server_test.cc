@@ -11,6 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "larder/version.h"
+#include "transfer/testing/test_util.h"
+
 namespace larder::master {
 namespace {
 
@@ -250,6 +253,169 @@ TEST(MasterServerTest, SoftPinnedObjectsAreInTheMetrics) {
       metrics->body.find("# TYPE larder_soft_pinned_objects gauge\nlarder_soft_pinned_objects 2\n"),
       std::string::npos)
       << metrics->body;
+  (*server)->Shutdown();
+}
+
+// The JSON routes behind the status page, against what the state holds.
+TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = 0;
+  options.status_interval = std::chrono::milliseconds(50);
+  auto server = MasterServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  MasterState& state = (*server)->state();
+  SegmentMount mount{"seg-a", 0x10000, 1 << 20, R"({"page_size":2097152})"};
+  ASSERT_TRUE(state.MountSegments("owner", "host-a", std::span(&mount, 1))[0].ok());
+  SegmentMount other{"seg-b", 0x10000, 1 << 20, "{}"};
+  ASSERT_TRUE(state.MountSegments("reader", "host-b", std::span(&other, 1))[0].ok());
+  for (std::string_view key : {"k1", "k2"}) {
+    PutStartItem item{key, 4096};
+    ASSERT_TRUE(state.BatchPutStart("owner", std::span(&item, 1), {}).ok());
+    ASSERT_TRUE(state.BatchPutEnd("owner", std::span(&key, 1)).ok());
+  }
+  std::vector<std::string_view> keys = {"k1", "k2", "absent"};
+  ASSERT_TRUE(state.BatchGetReplicas("reader", keys).ok());
+  ClientTraffic traffic;
+  traffic.routes.push_back({"owner", "shm", 4, 8192, 0});
+  traffic.routes.push_back({"owner", "tcp", 1, 100, 1});
+  EXPECT_FALSE(state.Heartbeat("reader", &traffic).remount_required);
+
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto summary = http.Get("/api/summary");
+  ASSERT_TRUE(summary);
+  ASSERT_EQ(summary->status, 200);
+  EXPECT_EQ(summary->get_header_value("Content-Type"), "application/json");
+  auto s = nlohmann::json::parse(summary->body);
+  EXPECT_EQ(s["version"], Version());
+  EXPECT_EQ(s["role"], "single");
+  EXPECT_EQ(s["objects"], 2);
+  EXPECT_EQ(s["bytes_used"], 8192);
+  EXPECT_EQ(s["bytes_capacity"], 2 << 20);
+  EXPECT_EQ(s["segments"], 2);
+  EXPECT_EQ(s["clients"], 2);
+  EXPECT_EQ(s["puts"], 2);
+  EXPECT_EQ(s["gets"], 3);
+  EXPECT_EQ(s["get_misses"], 1);
+  EXPECT_DOUBLE_EQ(s["hit_rate"].get<double>(), 2.0 / 3.0);
+  for (const char* field : {"ops_per_s", "evictions_per_s", "lease_expiries", "evictions"}) {
+    EXPECT_TRUE(s.contains(field)) << field;
+  }
+
+  auto segments = http.Get("/api/segments");
+  ASSERT_TRUE(segments);
+  auto list = nlohmann::json::parse(segments->body)["segments"];
+  ASSERT_EQ(list.size(), 2u);
+  auto a = list[0]["name"] == "seg-a" ? list[0] : list[1];
+  EXPECT_EQ(a["owner"], "owner");
+  EXPECT_EQ(a["host_id"], "host-a");
+  EXPECT_EQ(a["size"], 1 << 20);
+  EXPECT_EQ(a["used"], 8192);
+  EXPECT_EQ(a["objects"], 2);
+  EXPECT_EQ(a["page_size"], 2097152);
+  // What the reader moved from the owner, as the reader's heartbeat said.
+  EXPECT_EQ(a["routes_to_owner"]["shm"]["bytes"], 8192);
+  EXPECT_EQ(a["routes_to_owner"]["tcp"]["failures"], 1);
+
+  auto clients = http.Get("/api/clients");
+  ASSERT_TRUE(clients);
+  auto c = nlohmann::json::parse(clients->body)["clients"];
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0]["client_id"], "owner");  // sorted by id
+  EXPECT_EQ(c[1]["client_id"], "reader");
+  EXPECT_EQ(c[1]["host_id"], "host-b");
+  EXPECT_EQ(c[1]["alive"], true);
+  EXPECT_EQ(c[1]["segments"], 1);
+  EXPECT_GE(c[1]["last_heartbeat_ms_ago"].get<int64_t>(), 0);
+  EXPECT_LT(c[1]["last_heartbeat_ms_ago"].get<int64_t>(), 60000);
+  EXPECT_EQ(c[1]["routes"]["shm"]["requests"], 4);
+  EXPECT_TRUE(c[0]["routes"].empty());
+
+  // The sampler records every 50 ms. Once a sample is known to follow everything above (the
+  // first one taken after `now_ms`), the rates of the points after it add up to what happens
+  // next.
+  auto fetch_points = [&http] {
+    auto history = http.Get("/api/history");
+    if (!history || history->status != 200) return nlohmann::json::array();
+    return nlohmann::json::parse(history->body)["points"];
+  };
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  int64_t barrier_ms = 0;
+  nlohmann::json points;
+  ASSERT_TRUE(testutil::WaitUntil(
+      [&] {
+        for (const auto& point : fetch_points()) {
+          if (point["unix_ms"].get<int64_t>() > now_ms) {
+            barrier_ms = point["unix_ms"].get<int64_t>();
+            return true;
+          }
+        }
+        return false;
+      },
+      std::chrono::seconds(20)));
+  for (std::string_view key : {"k3", "k4", "k5", "k6"}) {
+    PutStartItem item{key, 4096};
+    ASSERT_TRUE(state.BatchPutStart("owner", std::span(&item, 1), {}).ok());
+    ASSERT_TRUE(state.BatchPutEnd("owner", std::span(&key, 1)).ok());
+  }
+  // The reader's counters are cumulative: 1 MiB more over shm (Heartbeat took the last report).
+  ClientTraffic more;
+  more.routes.push_back({"owner", "shm", 5, 8192 + (1 << 20), 0});
+  more.routes.push_back({"owner", "tcp", 1, 100, 1});
+  EXPECT_FALSE(state.Heartbeat("reader", &more).remount_required);
+  double puts = 0, shm_bytes = 0;
+  auto add_up = [&] {
+    puts = shm_bytes = 0;
+    int64_t last_ms = 0;
+    for (const auto& point : points) {
+      const int64_t unix_ms = point["unix_ms"].get<int64_t>();
+      EXPECT_GT(unix_ms, last_ms);
+      last_ms = unix_ms;
+      EXPECT_TRUE(point.contains("hit_rate"));
+      EXPECT_EQ(point["bytes_capacity"], 2 << 20);
+      if (unix_ms <= barrier_ms) continue;
+      const double seconds = point["seconds"].get<double>();
+      puts += point["puts_per_s"].get<double>() * seconds;
+      shm_bytes += point["route_bytes_per_s"].value("shm", 0.0) * seconds;
+    }
+  };
+  // Until both show (the puts and the heartbeat may land in different samples); then exactly.
+  ASSERT_TRUE(testutil::WaitUntil(
+      [&] {
+        points = fetch_points();
+        add_up();
+        return puts > 3.5 && shm_bytes > 1e6;
+      },
+      std::chrono::seconds(20)))
+      << points;
+  EXPECT_NEAR(puts, 4.0, 1e-6) << points;
+  EXPECT_NEAR(shm_bytes, 1 << 20, 1e-3) << points;
+  (*server)->Shutdown();
+}
+
+// The status page is served from the binary and reads the routes above.
+TEST(MasterServerTest, StatusPageIsServedAtTheRoot) {
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = 0;
+  auto server = MasterServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  auto page = http.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  for (const char* needed : {"/api/summary", "/api/history", "/api/segments", "/api/clients",
+                             "id=\"objects\"", "id=\"segment-rows\""}) {
+    EXPECT_NE(page->body.find(needed), std::string::npos) << needed;
+  }
+  // Nothing from elsewhere: no CDN, no outside script or style.
+  EXPECT_EQ(page->body.find("http://"), std::string::npos);
+  EXPECT_EQ(page->body.find("https://"), std::string::npos);
   (*server)->Shutdown();
 }
 

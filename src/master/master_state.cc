@@ -803,8 +803,25 @@ Result<RemoveAllOutcome> MasterState::RemoveByRegex(const std::string& client_id
   });
 }
 
-RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
-                                          absl::FunctionRef<bool(std::string_view)> match) {
+namespace {
+
+bool HasReplicaOn(const Object& object, SegmentId segment) {
+  for (const StoredReplica& replica : object.replicas()) {
+    if (replica.segment_id == segment) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+RemoveAllOutcome MasterState::RemoveByPrefix(std::string_view prefix, bool force) {
+  return RemoveWhere(std::nullopt, force,
+                     [prefix](std::string_view key) { return key.starts_with(prefix); });
+}
+
+RemoveAllOutcome MasterState::RemoveWhere(std::optional<std::string_view> tenant, bool force,
+                                          absl::FunctionRef<bool(std::string_view)> match,
+                                          SegmentId on_segment) {
   RemoveAllOutcome outcome;
   int64_t now = Now();
   for (size_t s = 0; s < shard_count_; ++s) {
@@ -815,7 +832,9 @@ RemoveAllOutcome MasterState::RemoveWhere(std::string_view tenant, bool force,
       std::lock_guard lock(shard.mu);
       size_t removed = shard.EraseIf([&](const Object* object) {
         if (object->state != ObjectState::kComplete) return false;
-        std::optional<std::string_view> key = KeyInTenant(object->key(), tenant);
+        if (on_segment != 0 && !HasReplicaOn(*object, on_segment)) return false;
+        std::optional<std::string_view> key =
+            tenant ? KeyInTenant(object->key(), *tenant) : std::optional(object->key());
         if (!key.has_value() || !match(*key)) return false;
         std::vector<FreedReplica>* into = &freed;
         if (object->Leased(now)) {
@@ -853,6 +872,66 @@ std::vector<MasterState::FreedReplica> MasterState::EraseLocked(Shard& shard, Ob
 
 std::vector<SegmentView> MasterState::ListSegments(std::span<const SegmentId> ids) const {
   return segments_.List(ids);
+}
+
+Result<SegmentView> MasterState::SetDraining(const std::string& segment_name, bool draining) {
+  std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
+  if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
+  LARDER_RETURN_IF_ERROR(segments_.SetDraining(holder->segment_id, draining));
+  const SegmentId id = holder->segment_id;
+  std::vector<SegmentView> views = segments_.List(std::span(&id, 1));
+  if (views.empty()) return NotFoundError("segment " + QuoteKey(segment_name) + " is gone");
+  return std::move(views.front());
+}
+
+Result<MasterState::SegmentObjects> MasterState::ListSegmentObjects(const std::string& segment_name,
+                                                                    size_t limit) const {
+  std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
+  if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
+  // The most recently used `limit`, kept bounded while the shards are walked: past 2 * limit,
+  // the list is cut back to the newest `limit`.
+  std::vector<std::pair<uint64_t, SegmentObject>> found;
+  SegmentObjects result;
+  auto newest_first = [](const auto& a, const auto& b) { return a.first > b.first; };
+  auto cut = [&] {
+    if (found.size() <= limit) return;
+    std::nth_element(found.begin(), found.begin() + static_cast<ptrdiff_t>(limit), found.end(),
+                     newest_first);
+    found.resize(limit);
+    result.truncated = true;
+  };
+  for (size_t s = 0; s < shard_count_; ++s) {
+    Shard& shard = shards_[s];
+    std::lock_guard lock(shard.mu);
+    for (const Object* object : shard.objects) {
+      if (object->state != ObjectState::kComplete || !HasReplicaOn(*object, holder->segment_id)) {
+        continue;
+      }
+      found.emplace_back(object->last_access,
+                         SegmentObject{std::string(object->key()), object->size,
+                                       object->replica_count, object->pinned});
+      if (found.size() >= 2 * limit) cut();
+    }
+  }
+  cut();
+  std::sort(found.begin(), found.end(), newest_first);
+  result.objects.reserve(found.size());
+  for (auto& [tick, object] : found) result.objects.push_back(std::move(object));
+  return result;
+}
+
+Result<RemoveAllOutcome> MasterState::RemoveOnSegment(const std::string& segment_name, bool force) {
+  std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
+  if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
+  const SegmentId id = holder->segment_id;
+  std::vector<SegmentView> views = segments_.List(std::span(&id, 1));
+  if (views.empty() || !views.front().draining) {
+    return FailedPreconditionError("segment " + QuoteKey(segment_name) +
+                                   " is not draining: drain it first, so that no put lands there "
+                                   "meanwhile");
+  }
+  return RemoveWhere(
+      std::nullopt, force, [](std::string_view) { return true; }, id);
 }
 
 std::vector<std::pair<std::string, uint64_t>> MasterState::ListKeys(std::string_view prefix,

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +34,14 @@ namespace larder::master {
 // as absent: another client's catalog may still bring it.
 inline constexpr std::string_view kRebuildingMessage =
     "larder-master is rebuilding its catalog from the clients";
+
+// A registered client as the master sees it.
+struct ClientView {
+  std::string client_id;
+  std::string host_id;
+  uint32_t pid = 0;                // of the process that mounted last; 0: not said
+  int64_t since_last_seen_ms = 0;  // since its last call or heartbeat
+};
 
 // All of the master's metadata and the operations on it, with no networking: the gRPC service
 // and the HTTP endpoint are thin layers over this class, and unit tests drive it directly.
@@ -157,6 +166,8 @@ class MasterState {
   uint64_t segments_version() const { return segments_version_.load(); }
   // The last traffic report of every live client that sent one, by client id.
   std::vector<std::pair<std::string, ClientTraffic>> Traffic() const;
+  // The registered clients (those not yet expired or gone), sorted by id.
+  std::vector<ClientView> ListClients() const;
 
   // ---- objects ----
 
@@ -225,7 +236,28 @@ class MasterState {
 
   // ---- operators ----
 
+  // Removes every complete object whose whole key (as ListKeys gives it: a tenant's keys start
+  // with its prefix, see KeyInTenant) starts with `prefix`, as RemoveAll does (leased ones only
+  // with `force`). For operators: no client, no tenant.
+  RemoveAllOutcome RemoveByPrefix(std::string_view prefix, bool force = false);
+
   std::vector<SegmentView> ListSegments(std::span<const SegmentId> ids) const;
+
+  // Drains the segment named `segment_name` (or ends its drain): see SegmentTable::SetDraining.
+  // The mark lives in this master only: a new master incarnation places there again. Returns
+  // the segment as it is now. Errors: NotFound (no segment of that name).
+  Result<SegmentView> SetDraining(const std::string& segment_name, bool draining);
+  // The complete objects with a replica in the segment, the most recently used first, at most
+  // `limit` (`truncated` when there were more). Errors: NotFound.
+  struct SegmentObjects {
+    std::vector<SegmentObject> objects;
+    bool truncated = false;
+  };
+  Result<SegmentObjects> ListSegmentObjects(const std::string& segment_name, size_t limit) const;
+  // Removes every complete object with a replica in the segment, as RemoveByPrefix does (leased
+  // ones only with `force`): the end of a drain. Errors: NotFound, FailedPrecondition (the
+  // segment is not draining: a drain comes first, so that nothing new lands there meanwhile).
+  Result<RemoveAllOutcome> RemoveOnSegment(const std::string& segment_name, bool force);
   // Complete objects whose key starts with `prefix`, sorted, at most `limit`.
   std::vector<std::pair<std::string, uint64_t>> ListKeys(std::string_view prefix,
                                                          size_t limit) const;
@@ -321,10 +353,12 @@ class MasterState {
   // Waits until some held range was freed after `seen` (reclaimed_'s value then) or until
   // `deadline`; true when one was.
   bool WaitForReclaim(uint64_t seen, std::chrono::steady_clock::time_point deadline);
-  // The removal behind RemoveAll and RemoveByRegex: complete objects of `tenant` whose key in the
-  // tenant `match`es.
-  RemoveAllOutcome RemoveWhere(std::string_view tenant, bool force,
-                               absl::FunctionRef<bool(std::string_view)> match);
+  // The removal behind RemoveAll, RemoveByRegex, RemoveByPrefix and RemoveOnSegment: complete
+  // objects of `tenant` whose key in the tenant `match`es; with no tenant, objects whose whole
+  // key does; with `on_segment` (not 0), only those with a replica in that segment.
+  RemoveAllOutcome RemoveWhere(std::optional<std::string_view> tenant, bool force,
+                               absl::FunctionRef<bool(std::string_view)> match,
+                               SegmentId on_segment = 0);
   // The eviction rounds of Evict over one list (kLru or kSoftPinned) of every shard.
   uint64_t EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scanned, uint64_t* evicted);
   // Ends the soft pins past their deadline in every shard; returns how many.

@@ -117,6 +117,15 @@ std::vector<SegmentId> SegmentTable::SegmentsOf(uint32_t client_slot) const {
   return ids;
 }
 
+Status SegmentTable::SetDraining(SegmentId id, bool draining) {
+  std::lock_guard lock(mu_);
+  auto it = segments_.find(id);
+  if (it == segments_.end())
+    return NotFoundError("segment " + std::to_string(id) + " is not mounted");
+  it->second->view.draining = draining;
+  return Status::Ok();
+}
+
 bool SegmentTable::IsMounted(SegmentId id) const {
   std::lock_guard lock(mu_);
   return segments_.contains(id);
@@ -132,6 +141,7 @@ SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t wr
   ids.reserve(segments_.size());
   candidates.reserve(segments_.size());
   for (const auto& [id, segment] : segments_) {
+    if (segment->view.draining) continue;
     ids.push_back(id);
     candidates.push_back(PlacementCandidate{segment->view.name, segment->client_slot == writer_slot,
                                             segment->view.host_id == writer_host,

@@ -72,10 +72,14 @@ class SegmentTable {
   Status Unmount(SegmentId id, uint32_t client_slot);
 
   std::vector<SegmentId> SegmentsOf(uint32_t client_slot) const;
+
+  // An operator's drain: while a segment drains, MakePlan leaves it out, so that no put places a
+  // replica there; what it holds stays readable. Errors: NotFound (unknown id).
+  Status SetDraining(SegmentId id, bool draining);
   bool IsMounted(SegmentId id) const;
 
   // The order in which segments are tried for one writer's puts (OrderPlacement over the segments
-  // mounted now). One plan serves a whole batch.
+  // mounted now and not draining). One plan serves a whole batch.
   struct Plan {
     std::vector<SegmentId> order;
     uint32_t replicas = 1;

@@ -169,6 +169,15 @@ struct SegmentView {
   uint64_t used = 0;
   uint64_t objects = 0;
   std::string descriptor;
+  bool draining = false;  // an operator's drain: no put places a replica here
+};
+
+// An object as an operator's listing of one segment gives it.
+struct SegmentObject {
+  std::string key;  // the whole key (a tenant's keys start with its prefix)
+  uint64_t size = 0;
+  uint32_t replicas = 0;  // in all segments
+  bool pinned = false;
 };
 
 struct ReplicaLocation {

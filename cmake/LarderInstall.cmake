@@ -1,0 +1,137 @@
+# Installation: `cmake --install` lays out the library, its headers, a CMake package
+# (find_package(Larder) -> Larder::larder) and a pkg-config file (larder.pc), the binaries with
+# systemd units, and the Python package; `make deb` packs them as Debian packages (CPack). The
+# components: `library` (liblarder, liblarder_store, headers, CMake and pkg-config files),
+# `tools` (the binaries, the units and their settings files) and `python`.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+# The store client (and the attach side of larder-client) as a shared library for programs
+# outside this tree. Targets in this tree link the static larder_client; liblarder_store holds the
+# same code, with the control-plane protocol and all of the ground floor that the public headers
+# declare (Status, Version, ...), and links liblarder for the engine.
+add_library(larder_store SHARED src/client/store_shared_library.cc
+  $<TARGET_OBJECTS:larder_client> $<TARGET_OBJECTS:larder_standalone>
+  $<TARGET_OBJECTS:larder_common>)
+larder_target_defaults(larder_store)
+target_link_libraries(larder_store PUBLIC larder PRIVATE larder_client larder_standalone)
+
+# Versioned sonames: liblarder.so.MAJOR.MINOR (an ABI may change between 0.x minors).
+foreach(library larder larder_store)
+  set_target_properties(${library} PROPERTIES
+    VERSION ${PROJECT_VERSION}
+    SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
+    INSTALL_RPATH "$ORIGIN")
+endforeach()
+
+install(TARGETS larder larder_store
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT library)
+install(DIRECTORY include/larder DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT library
+  FILES_MATCHING PATTERN "*.h")
+
+set(LARDER_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/Larder)
+configure_package_config_file(cmake/LarderConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/LarderConfig.cmake
+  INSTALL_DESTINATION ${LARDER_CMAKE_DIR}
+  PATH_VARS CMAKE_INSTALL_INCLUDEDIR CMAKE_INSTALL_LIBDIR)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/LarderConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/LarderConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/LarderConfigVersion.cmake
+  DESTINATION ${LARDER_CMAKE_DIR} COMPONENT library)
+
+# pkg-config: relocatable (the prefix is found from the .pc file's own place).
+file(RELATIVE_PATH LARDER_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+configure_file(cmake/larder.pc.in ${CMAKE_CURRENT_BINARY_DIR}/larder.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/larder.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT library)
+
+# The binaries find liblarder beside them in the build tree, and in the library directory once
+# installed.
+set(LARDER_INSTALLED_BINARIES larder-master larder-client larder-ctl larder-bench)
+set_target_properties(${LARDER_INSTALLED_BINARIES} PROPERTIES
+  INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+install(TARGETS ${LARDER_INSTALLED_BINARIES}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
+
+# systemd units and the settings files their EnvironmentFile= reads (/etc/default under /usr).
+if(CMAKE_INSTALL_PREFIX STREQUAL "/usr")
+  set(LARDER_DEFAULTS_DIR /etc/default)
+else()
+  set(LARDER_DEFAULTS_DIR ${CMAKE_INSTALL_SYSCONFDIR}/default)
+endif()
+foreach(unit larder-master larder-client)
+  configure_file(packaging/systemd/${unit}.service.in
+    ${CMAKE_CURRENT_BINARY_DIR}/packaging/${unit}.service @ONLY)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/packaging/${unit}.service
+    DESTINATION lib/systemd/system COMPONENT tools)
+  install(FILES packaging/default/${unit} DESTINATION ${LARDER_DEFAULTS_DIR} COMPONENT tools)
+endforeach()
+
+# The Python package, where Debian's python3 looks (/usr/lib/python3/dist-packages under /usr).
+# The Mooncake shim (python/shim) is not installed: it would shadow a real Mooncake.
+if(TARGET larder_python)
+  set(LARDER_PYTHON_INSTALL_DIR lib/python3/dist-packages)
+  install(TARGETS larder_python LIBRARY DESTINATION ${LARDER_PYTHON_INSTALL_DIR}/larder
+    COMPONENT python)
+  set_target_properties(larder_python PROPERTIES
+    INSTALL_RPATH "$ORIGIN/../../../../${CMAKE_INSTALL_LIBDIR}")
+  install(DIRECTORY python/larder DESTINATION ${LARDER_PYTHON_INSTALL_DIR} COMPONENT python
+    FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "py.typed"
+    PATTERN "__pycache__" EXCLUDE)
+endif()
+
+if(LARDER_BUILD_TESTS)
+  # The installed tree used from outside this source tree: a CMake project (find_package) and a
+  # pkg-config build of one small program, run against an installed larder-master.
+  add_test(NAME install_test
+    COMMAND ${PROJECT_SOURCE_DIR}/tests/install/install_test.sh ${CMAKE_BINARY_DIR}
+            ${PROJECT_SOURCE_DIR}/tests/install/consumer)
+  set_tests_properties(install_test PROPERTIES TIMEOUT 900 LABELS install)
+  if(TARGET larder_python)
+    add_test(NAME pip_install_test
+      COMMAND ${PROJECT_SOURCE_DIR}/tests/install/pip_test.sh ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+    # pip builds in the source tree (setup.cfg): never two at once.
+    set_tests_properties(pip_install_test PROPERTIES TIMEOUT 900 LABELS install
+      RESOURCE_LOCK pip_build)
+  endif()
+endif()
+
+# `make deb`: one Debian package per component (cpack -G DEB in a build configured with
+# -DCMAKE_INSTALL_PREFIX=/usr).
+set(CPACK_PACKAGE_NAME larder)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_VENDOR "Larder authors")
+set(CPACK_PACKAGE_CONTACT "Larder maintainers <maintainers@larder.example>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Larder: a distributed KV-cache store for LLM serving")
+set(CPACK_PACKAGE_DIRECTORY ${CMAKE_BINARY_DIR}/packages)
+set(CPACK_GENERATOR DEB)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_COMPONENTS_ALL library tools)
+if(TARGET larder_python)
+  list(APPEND CPACK_COMPONENTS_ALL python)
+endif()
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION net)
+# Dependencies on Debian's libraries (gRPC, protobuf, OpenSSL, ...) from the binaries' needs.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# liblarder itself: found in the build tree (the tools and Python packages name it by hand).
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR}/lib)
+set(CPACK_DEBIAN_LIBRARY_PACKAGE_NAME liblarder)
+set(CPACK_DEBIAN_LIBRARY_PACKAGE_SECTION libs)
+set(CPACK_COMPONENT_LIBRARY_DESCRIPTION
+  "Larder's store client and transfer engine: shared libraries, headers, CMake package and pkg-config file")
+set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME larder-tools)
+set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "liblarder (= ${PROJECT_VERSION})")
+set(CPACK_COMPONENT_TOOLS_DESCRIPTION
+  "larder-master, larder-client, larder-ctl and larder-bench, with systemd units")
+set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_EXTRA
+  ${PROJECT_SOURCE_DIR}/packaging/debian/postinst ${PROJECT_SOURCE_DIR}/packaging/debian/postrm
+  ${PROJECT_SOURCE_DIR}/packaging/debian/conffiles)
+set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-larder)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "liblarder (= ${PROJECT_VERSION}), python3, python3-numpy")
+set(CPACK_COMPONENT_PYTHON_DESCRIPTION "The larder Python package (import larder)")
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+include(CPack)
