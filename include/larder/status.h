@@ -12,11 +12,13 @@
 //   DeadlineExceeded   the deadline passed; the work may or may not have happened.
 //   FailedPrecondition do not retry until the system state changes.
 //   InvalidArgument / OutOfRange / NotFound / PermissionDenied: fix the request.
+// A few errors say more in their detail() (ErrorDetail): branch on that, never on message text.
 //
 // Thread safety: Status and Result are values; distinct objects may be used from distinct threads.
 #pragma once
 
 #include <cassert>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -51,6 +53,29 @@ enum class StatusCode : int {
 // Returns the canonical name of `code`, e.g. "Unavailable".
 std::string_view StatusCodeName(StatusCode code);
 
+// What an error tells a caller that acts on it, beside its code: structure to branch on, never
+// text to match. Most errors carry kNone.
+enum class ErrorDetail : uint8_t {
+  kNone = 0,
+  // FailedPrecondition from the master for a whole call: it does not know the calling client
+  // (expired, or a new master incarnation). Mount again, then repeat the call. (Any other
+  // FailedPrecondition means what it says: do not retry until something changes.)
+  kRemountRequired = 1,
+  // Unavailable: a get's read lease ran out before its copy finished. Repeat the get.
+  kLeaseExpired = 2,
+  // Unavailable for one key: another put of it is in progress. Repeat later.
+  kBeingWritten = 3,
+  // Unavailable for one key: readers hold leases on it, so a removal without force waits.
+  // Repeat later, or force.
+  kLeased = 4,
+  // Unavailable for one key: a new master is still rebuilding its objects from the clients'
+  // catalogs, and this key may yet come. Repeat shortly (the message says until when).
+  kRebuilding = 5,
+};
+
+// "None", "RemountRequired", "LeaseExpired", "BeingWritten", "Leased", "Rebuilding".
+std::string_view ErrorDetailName(ErrorDetail detail);
+
 class [[nodiscard]] Status {
  public:
   // An OK status. Cheap: no allocation.
@@ -64,15 +89,20 @@ class [[nodiscard]] Status {
   StatusCode code() const { return state_ ? state_->code : StatusCode::kOk; }
   // Empty for OK.
   const std::string& message() const;
+  // kNone for OK and for most errors.
+  ErrorDetail detail() const { return state_ ? state_->detail : ErrorDetail::kNone; }
+
+  // Returns a copy that carries `detail`. OK stays OK.
+  Status WithDetail(ErrorDetail detail) const;
 
   // "OK" or "<CodeName>: <message>".
   std::string ToString() const;
 
-  // Returns a copy whose message is "<context>: <message>". OK stays OK.
+  // Returns a copy whose message is "<context>: <message>" (its detail kept). OK stays OK.
   Status WithContext(std::string_view context) const;
 
   bool operator==(const Status& other) const {
-    return code() == other.code() && message() == other.message();
+    return code() == other.code() && detail() == other.detail() && message() == other.message();
   }
 
   // Explicitly ignore a status (documents that dropping it is intended).
@@ -81,6 +111,7 @@ class [[nodiscard]] Status {
  private:
   struct State {
     StatusCode code;
+    ErrorDetail detail = ErrorDetail::kNone;
     std::string message;
   };
   // Shared so that copying a Status is cheap; states are immutable once built.
@@ -109,13 +140,19 @@ Status UnauthenticatedError(std::string message);
 // Maps an errno value to the closest code, with "<what>: <strerror>" as message.
 Status ErrnoToStatus(int err, std::string_view what);
 
+namespace internal {
+// Result<T> misused: print what happened and abort, in every build.
+[[noreturn]] void ResultFromOkStatus();
+[[noreturn]] void ResultValueOfError(const Status& status);
+}  // namespace internal
+
 // Either a T or a non-OK Status.
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  // REQUIRES: !status.ok().
+  // REQUIRES: !status.ok() (an OK status holds no value: the process aborts, saying so).
   Result(Status status) : value_(std::move(status)) {  // NOLINT(google-explicit-constructor)
-    assert(!std::get<Status>(value_).ok());
+    if (std::get<Status>(value_).ok()) internal::ResultFromOkStatus();
   }
   Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
   // Converts from anything convertible to T (e.g. shared_ptr<Derived> to shared_ptr<Base>).
@@ -128,19 +165,32 @@ class [[nodiscard]] Result {
   // OK when a value is held.
   Status status() const { return ok() ? Status() : std::get<Status>(value_); }
 
-  // REQUIRES: ok().
-  T& value() & { return std::get<T>(value_); }
-  const T& value() const& { return std::get<T>(value_); }
-  T&& value() && { return std::get<T>(std::move(value_)); }
+  // REQUIRES: ok(). On an error the process aborts, printing the error.
+  T& value() & {
+    CheckHasValue();
+    return *std::get_if<T>(&value_);
+  }
+  const T& value() const& {
+    CheckHasValue();
+    return *std::get_if<T>(&value_);
+  }
+  T&& value() && {
+    CheckHasValue();
+    return std::move(*std::get_if<T>(&value_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
   // Returns the value, or `fallback` when this holds an error.
-  T value_or(T fallback) const { return ok() ? std::get<T>(value_) : std::move(fallback); }
+  T value_or(T fallback) const { return ok() ? *std::get_if<T>(&value_) : std::move(fallback); }
 
  private:
+  void CheckHasValue() const {
+    if (!ok()) internal::ResultValueOfError(*std::get_if<Status>(&value_));
+  }
+
   std::variant<Status, T> value_;
 };
 

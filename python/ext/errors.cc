@@ -93,7 +93,9 @@ void RegisterErrors(py::module_& module) {
   // them in tracebacks.
   PyObject* base = PyErr_NewExceptionWithDoc(
       "larder.LarderError",
-      "Base class of every Larder error. Attributes: code (StatusCode), message (str).",
+      "Base class of every Larder error. Attributes: code (StatusCode), message (str), detail "
+      "(str: 'None', or what the error means to a caller that acts on it: 'RemountRequired', "
+      "'LeaseExpired', 'BeingWritten', 'Leased', 'Rebuilding').",
       PyExc_Exception, nullptr);
   if (base == nullptr) throw py::error_already_set();
   module.add_object("LarderError", py::reinterpret_borrow<py::object>(base));
@@ -134,6 +136,7 @@ py::object ErrorObject(const Status& status) {
   py::object value = type(message);
   value.attr("code") = py::cast(status.code());
   value.attr("message") = message;
+  value.attr("detail") = py::str(std::string(ErrorDetailName(status.detail())));
   return value;
 }
 

@@ -40,6 +40,8 @@ class StatusCode:
 class LarderError(Exception):
     code: ClassVar[StatusCode]
     message: str
+    # "None", or "RemountRequired", "LeaseExpired", "BeingWritten", "Leased", "Rebuilding".
+    detail: str
 
 class CancelledError(LarderError): ...
 class UnknownError(LarderError): ...

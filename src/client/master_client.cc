@@ -230,7 +230,8 @@ Status MasterClient::FromGrpc(const Connection& connection, const char* name,
                             "): " + status.error_message());
   }
   if (static_cast<int>(code) < 0 || static_cast<int>(code) > 16) code = StatusCode::kUnknown;
-  return Status(code, std::string(name) + ": " + status.error_message());
+  return Status(code, std::string(name) + ": " + status.error_message())
+      .WithDetail(ErrorDetailFromWire(status.error_details()));
 }
 
 std::vector<Status> ItemStatuses(

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_detail_wire.h"
 #include "etcd/etcd_client.h"
 #include "larder/status.h"
 #include "master.grpc.pb.h"
@@ -140,7 +141,8 @@ inline Status FromItemStatus(const proto::ItemStatus& status) {
   if (status.code() == 0) return Status::Ok();
   if (status.code() < 0 || status.code() > 16)
     return Status(StatusCode::kUnknown, status.message());
-  return Status(static_cast<StatusCode>(status.code()), status.message());
+  return Status(static_cast<StatusCode>(status.code()), status.message())
+      .WithDetail(ErrorDetailFromNumber(status.detail()));
 }
 
 // The statuses of a batch of `count` items from a reply's error list: OK for every item the list

@@ -252,7 +252,7 @@ bool MasterSession::SyncCatalog(bool* removed) {
   ack->set_seq(catalog_.seq());
   ack->set_full(full);
   Status status = master_->Call("SyncCatalog", &Stub::SyncCatalog, request, &reply);
-  if (status.code() == StatusCode::kFailedPrecondition) {
+  if (status.detail() == ErrorDetail::kRemountRequired) {
     // The master does not know this client: mount again (with the catalog).
     Status mounted = Remount(generation);
     if (!mounted.ok()) Log().warn("remount failed: {}", mounted.ToString());

@@ -30,9 +30,9 @@ using client::ItemStatuses;
 using client::kMaxBatch;
 using client::MasterClient;
 using client::ObjectInfos;
-using client::OpenedSegment;
-using client::OpenedSegments;
 using client::ScopedKey;
+using client::SegmentHandleRank;
+using client::SegmentHandles;
 using client::SingleSlices;
 using client::ValidateTenant;
 using Stub = proto::Master::Stub;
@@ -410,9 +410,9 @@ class StoreClientImpl final : public StoreClient {
     for (const proto::SegmentInfo& info : reply.segments()) {
       if (info.name() != segment_name) continue;
       uint64_t id = info.segment_id();
-      OpenedSegments opened;
+      SegmentHandles opened;
       OpenSegments(std::span(&id, 1), &opened);
-      const OpenedSegment* segment = opened.Find(id);
+      const SegmentHandleRank* segment = opened.Find(id);
       if (segment == nullptr) {
         return UnavailableError("segment '" + info.name() + "' cannot be opened");
       }
@@ -500,7 +500,9 @@ class StoreClientImpl final : public StoreClient {
       reply->Clear();
       status = master_.Call(name, method, *request, reply);
     }
-    if (status.code() != StatusCode::kFailedPrecondition) return status;
+    // Only a master that does not know this client asks for a mount; any other
+    // FailedPrecondition stands.
+    if (status.detail() != ErrorDetail::kRemountRequired) return status;
     LARDER_RETURN_IF_ERROR(session_->Remount(generation));
     reply->Clear();
     return master_.Call(name, method, *request, reply);
@@ -553,7 +555,7 @@ class StoreClientImpl final : public StoreClient {
   }
 
   // Opens (and caches) the segments; a segment that cannot be opened is left out of `opened`.
-  void OpenSegments(std::span<const uint64_t> ids, OpenedSegments* opened) {
+  void OpenSegments(std::span<const uint64_t> ids, SegmentHandles* opened) {
     std::vector<uint64_t> missing;
     {
       std::lock_guard lock(cache_mu_);
@@ -580,14 +582,19 @@ class StoreClientImpl final : public StoreClient {
     }
     for (const proto::SegmentInfo& info : reply.segments()) {
       auto descriptor = SegmentDescriptor::FromJson(info.descriptor_json());
-      if (!descriptor.ok()) continue;
+      if (!descriptor.ok()) {
+        // Its replicas stay unreachable from here: their reads and writes say so per key.
+        Log().warn("segment '{}' (id {}): the master's descriptor does not parse: {}", info.name(),
+                   info.segment_id(), descriptor.status().ToString());
+        continue;
+      }
       auto handle = engine_->OpenSegment(*descriptor);
       if (!handle.ok()) {
         Log().warn("cannot open segment '{}': {}", info.name(), handle.status().ToString());
         continue;
       }
       auto route = engine_->SegmentRoute(*handle);
-      OpenedSegment segment{*handle, RoutePreference(route.ok() ? *route : RouteKind::kTcp)};
+      SegmentHandleRank segment{*handle, RoutePreference(route.ok() ? *route : RouteKind::kTcp)};
       opened->Add(info.segment_id(), segment);
       std::lock_guard lock(cache_mu_);
       cache_[info.segment_id()] = segment;
@@ -662,7 +669,7 @@ class StoreClientImpl final : public StoreClient {
         segment_ids.push_back(replica.segment_id());
       }
     }
-    OpenedSegments opened;
+    SegmentHandles opened;
     OpenSegments(segment_ids, &opened);
 
     std::vector<TransferRequest> transfers;
@@ -675,7 +682,7 @@ class StoreClientImpl final : public StoreClient {
       if (!results[i].ok() || result.already_exists()) continue;
       started[i] = true;
       for (const proto::Replica& replica : result.replicas()) {
-        const OpenedSegment* segment = opened.Find(replica.segment_id());
+        const SegmentHandleRank* segment = opened.Find(replica.segment_id());
         if (segment == nullptr) {
           results[i] = UnavailableError("key '" + keys[i] + "': segment " +
                                         std::to_string(replica.segment_id()) + " is unreachable");
@@ -738,8 +745,7 @@ class StoreClientImpl final : public StoreClient {
     std::vector<std::string> again;
     std::vector<size_t> where;
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (results[i].code() == StatusCode::kUnavailable &&
-          results[i].message().find("lease expired") != std::string::npos) {
+      if (results[i].detail() == ErrorDetail::kLeaseExpired) {
         again.push_back(keys[i]);
         where.push_back(i);
       }
@@ -769,7 +775,7 @@ class StoreClientImpl final : public StoreClient {
     std::vector<Status> results = ItemStatuses(n, reply.errors());
     const SteadyClock::time_point lease_end = asked + std::chrono::milliseconds(reply.lease_ms());
 
-    OpenedSegments opened;
+    SegmentHandles opened;
     OpenSegments(std::span(reply.segment_id().data(), reply.segment_id_size()), &opened);
 
     // One job per key to read; its replicas are order[first, first + count), best route first,
@@ -823,7 +829,7 @@ class StoreClientImpl final : public StoreClient {
       for (Job* job : pending) {
         for (; job->next < job->count; ++job->next) {
           const int replica = static_cast<int>(order[job->first + job->next]);
-          const OpenedSegment* segment = opened.Find(reply.segment_id(replica));
+          const SegmentHandleRank* segment = opened.Find(reply.segment_id(replica));
           if (segment == nullptr) continue;
           sent.emplace_back(job, transfers.size());
           for (size_t f = job->fragment; f < job->fragment + job->fragment_count; ++f) {
@@ -866,7 +872,8 @@ class StoreClientImpl final : public StoreClient {
       } else if (job.copied && lease_expired) {
         results[job.index] = UnavailableError("key '" + keys[job.index] +
                                               "': the read lease expired before the copy "
-                                              "finished; retry");
+                                              "finished; retry")
+                                 .WithDetail(ErrorDetail::kLeaseExpired);
       }
     }
     return results;
@@ -883,7 +890,7 @@ class StoreClientImpl final : public StoreClient {
   std::unique_ptr<client::MasterSession> session_;
 
   std::mutex cache_mu_;
-  std::unordered_map<uint64_t, OpenedSegment> cache_;        // guarded by cache_mu_
+  std::unordered_map<uint64_t, SegmentHandleRank> cache_;    // guarded by cache_mu_
   std::map<uint64_t, SteadyClock::time_point> unreachable_;  // avoid until; guarded by cache_mu_
 
   mutable std::shared_mutex buffers_mu_;

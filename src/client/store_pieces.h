@@ -55,21 +55,22 @@ struct SingleSlices {
   std::vector<std::span<const BufferSlice>> pieces;
 };
 
-struct OpenedSegment {
+// A peer's segment as this client reaches it: the engine's handle and how good its route is.
+struct SegmentHandleRank {
   SegmentHandle handle = 0;
   int rank = std::numeric_limits<int>::max() - 1;  // RoutePreference of its route
 };
 
 // The segments one batch touches, by master segment id: a few, so a flat list beats a map.
-class OpenedSegments {
+class SegmentHandles {
  public:
-  const OpenedSegment* Find(uint64_t id) const {
+  const SegmentHandleRank* Find(uint64_t id) const {
     for (const auto& [key, segment] : list_) {
       if (key == id) return &segment;
     }
     return nullptr;
   }
-  void Add(uint64_t id, OpenedSegment segment) {
+  void Add(uint64_t id, SegmentHandleRank segment) {
     if (Find(id) == nullptr) list_.emplace_back(id, segment);
   }
   void Erase(uint64_t id) {
@@ -77,12 +78,12 @@ class OpenedSegments {
   }
   // Lower is better; segments that are not open rank last.
   int RankOf(uint64_t id) const {
-    const OpenedSegment* segment = Find(id);
+    const SegmentHandleRank* segment = Find(id);
     return segment == nullptr ? std::numeric_limits<int>::max() : segment->rank;
   }
 
  private:
-  std::vector<std::pair<uint64_t, OpenedSegment>> list_;
+  std::vector<std::pair<uint64_t, SegmentHandleRank>> list_;
 };
 
 // The ObjectInfo of each key of a metadata-only BatchGetReplicas reply, with the names and

@@ -16,6 +16,18 @@
 
 namespace larder {
 
+std::string_view MemoryKindName(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kMemfd:
+      return "memfd";
+    case MemoryKind::kDevice:
+      return "device";
+    case MemoryKind::kAnonymous:
+      break;
+  }
+  return "anonymous";
+}
+
 MemoryRegion::MemoryRegion(void* base, size_t size, MemoryKind kind, int fd, size_t page_size)
     : base_(base), size_(size), kind_(kind), fd_(fd), page_size_(page_size) {}
 

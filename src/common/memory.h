@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "larder/memory_region.h"
 #include "larder/status.h"
-#include "larder/transfer_engine.h"
 
 namespace larder {
 

@@ -2,6 +2,8 @@
 #include "larder/status.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace larder {
@@ -46,9 +48,41 @@ std::string_view StatusCodeName(StatusCode code) {
   return "Unknown";
 }
 
+std::string_view ErrorDetailName(ErrorDetail detail) {
+  switch (detail) {
+    case ErrorDetail::kNone:
+      return "None";
+    case ErrorDetail::kRemountRequired:
+      return "RemountRequired";
+    case ErrorDetail::kLeaseExpired:
+      return "LeaseExpired";
+    case ErrorDetail::kBeingWritten:
+      return "BeingWritten";
+    case ErrorDetail::kLeased:
+      return "Leased";
+    case ErrorDetail::kRebuilding:
+      return "Rebuilding";
+  }
+  return "None";
+}
+
+namespace internal {
+
+void ResultFromOkStatus() {
+  std::fputs("larder::Result constructed from an OK Status: an OK status holds no value\n", stderr);
+  std::abort();
+}
+
+void ResultValueOfError(const Status& status) {
+  std::fprintf(stderr, "larder::Result::value() on an error: %s\n", status.ToString().c_str());
+  std::abort();
+}
+
+}  // namespace internal
+
 Status::Status(StatusCode code, std::string message) {
   if (code != StatusCode::kOk) {
-    state_ = std::make_shared<const State>(State{code, std::move(message)});
+    state_ = std::make_shared<const State>(State{code, ErrorDetail::kNone, std::move(message)});
   }
 }
 
@@ -67,12 +101,19 @@ std::string Status::ToString() const {
   return out;
 }
 
+Status Status::WithDetail(ErrorDetail detail) const {
+  if (ok()) return *this;
+  Status out;
+  out.state_ = std::make_shared<const State>(State{code(), detail, message()});
+  return out;
+}
+
 Status Status::WithContext(std::string_view context) const {
   if (ok()) return *this;
   std::string message(context);
   message += ": ";
   message += this->message();
-  return Status(code(), std::move(message));
+  return Status(code(), std::move(message)).WithDetail(detail());
 }
 
 std::ostream& operator<<(std::ostream& os, const Status& status) { return os << status.ToString(); }

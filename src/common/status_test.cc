@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "common/error_detail_wire.h"
+
 namespace larder {
 namespace {
 
@@ -148,6 +150,50 @@ TEST(ResultTest, ConvertsFromDerivedPointer) {
   Result<std::shared_ptr<Base>> result = std::make_shared<Derived>();
   ASSERT_TRUE(result.ok());
   EXPECT_EQ((*result)->Id(), 2);
+}
+
+// A Result built from an OK status would hold neither a value nor an error: every build aborts.
+TEST(ResultDeathTest, ConstructingFromAnOkStatusAborts) {
+  EXPECT_DEATH({ Result<int> bad(Status::Ok()); }, "constructed from an OK Status");
+}
+
+// value() of an error says which error, instead of throwing std::bad_variant_access.
+TEST(ResultDeathTest, ValueOfAnErrorAbortsNamingTheError) {
+  Result<std::string> missing = NotFoundError("key 'k' not found");
+  EXPECT_DEATH({ (void)missing.value(); }, "value\\(\\) on an error: NotFound: key 'k' not found");
+  EXPECT_DEATH({ (void)*missing; }, "NotFound");
+  EXPECT_DEATH({ (void)std::move(missing).value(); }, "NotFound");
+}
+
+TEST(StatusTest, DetailIsCarriedThroughContextAndCompared) {
+  Status plain = FailedPreconditionError("not registered");
+  EXPECT_EQ(plain.detail(), ErrorDetail::kNone);
+  Status remount = plain.WithDetail(ErrorDetail::kRemountRequired);
+  EXPECT_EQ(remount.detail(), ErrorDetail::kRemountRequired);
+  EXPECT_EQ(remount.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(remount.message(), "not registered");
+  EXPECT_EQ(plain.detail(), ErrorDetail::kNone);  // the original is unchanged
+  EXPECT_NE(remount, plain);
+  EXPECT_EQ(remount.WithContext("Put").detail(), ErrorDetail::kRemountRequired);
+  EXPECT_TRUE(Status::Ok().WithDetail(ErrorDetail::kLeased).ok());
+  EXPECT_EQ(ErrorDetailName(ErrorDetail::kLeaseExpired), "LeaseExpired");
+}
+
+// A detail travels in a gRPC status's details as "larder:detail:N"; anything else reads as none.
+TEST(ErrorDetailWireTest, RoundTripsAndRefusesWhatItDoesNotKnow) {
+  for (ErrorDetail detail :
+       {ErrorDetail::kRemountRequired, ErrorDetail::kLeaseExpired, ErrorDetail::kBeingWritten,
+        ErrorDetail::kLeased, ErrorDetail::kRebuilding}) {
+    EXPECT_EQ(ErrorDetailFromWire(ErrorDetailToWire(detail)), detail) << ErrorDetailName(detail);
+  }
+  EXPECT_EQ(ErrorDetailToWire(ErrorDetail::kNone), "");
+  for (std::string_view other : {"", "larder:detail:", "larder:detail:9", "larder:detail:12",
+                                 "larder:detail:x", "larder:unknown-session", "1"}) {
+    EXPECT_EQ(ErrorDetailFromWire(other), ErrorDetail::kNone) << other;
+  }
+  EXPECT_EQ(ErrorDetailFromNumber(4), ErrorDetail::kLeased);
+  EXPECT_EQ(ErrorDetailFromNumber(0), ErrorDetail::kNone);
+  EXPECT_EQ(ErrorDetailFromNumber(1u << 20), ErrorDetail::kNone);
 }
 
 // Helpers that exercise the macros the way library code uses them.

@@ -6,7 +6,7 @@
 
 namespace larder::master {
 
-void TouchBatch::Add(SegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
+void TouchBatch::Add(PoolSegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
                      uint64_t last_access) {
   touches_.push_back(Touch{segment, offset, size, last_access, keys_.size(), key.size()});
   keys_.append(key);
@@ -92,7 +92,7 @@ bool CatalogFeed::Hold(const StoredReplica& replica, uint64_t size, uint64_t seq
   return true;
 }
 
-void CatalogFeed::AddSegment(SegmentId id, bool reset, bool owner_has_catalog) {
+void CatalogFeed::AddSegment(PoolSegmentId id, bool reset, bool owner_has_catalog) {
   auto log = std::make_unique<Log>();
   log->snapshot_shard = shard_count_;
   log->owner_has_catalog = owner_has_catalog || reset;
@@ -102,7 +102,7 @@ void CatalogFeed::AddSegment(SegmentId id, bool reset, bool owner_has_catalog) {
   stripe.logs[id] = std::move(log);
 }
 
-void CatalogFeed::RemoveSegment(SegmentId id) {
+void CatalogFeed::RemoveSegment(PoolSegmentId id) {
   std::unique_ptr<Log> removed;  // freed outside the lock
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
@@ -115,7 +115,7 @@ void CatalogFeed::RemoveSegment(SegmentId id) {
       *removed, [](uint64_t) { return true; }, nullptr);
 }
 
-uint64_t CatalogFeed::Append(SegmentId id, const LoggedChange& change) {
+uint64_t CatalogFeed::Append(PoolSegmentId id, const LoggedChange& change) {
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
   auto it = stripe.logs.find(id);
@@ -136,7 +136,7 @@ uint64_t CatalogFeed::Append(SegmentId id, const LoggedChange& change) {
   return log.next_seq - 1;
 }
 
-void CatalogFeed::AppendSnapshot(SegmentId id, const LoggedChange& change) {
+void CatalogFeed::AppendSnapshot(PoolSegmentId id, const LoggedChange& change) {
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
   auto it = stripe.logs.find(id);
@@ -148,7 +148,7 @@ void CatalogFeed::Append(const TouchBatch& batch) {
   // A batch's touches are mostly of one segment: each stripe lock is taken once per run.
   const Stripe* locked = nullptr;
   std::unique_lock<std::mutex> lock;
-  SegmentId cached_id = 0;
+  PoolSegmentId cached_id = 0;
   Log* cached = nullptr;
   for (const TouchBatch::Touch& touch : batch.touches_) {
     Stripe& stripe = StripeOf(touch.segment);
@@ -175,7 +175,7 @@ void CatalogFeed::Append(const TouchBatch& batch) {
   }
 }
 
-bool CatalogFeed::Acknowledge(SegmentId id, uint64_t ack, bool full,
+bool CatalogFeed::Acknowledge(PoolSegmentId id, uint64_t ack, bool full,
                               std::vector<StoredReplica>* released) {
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
@@ -226,7 +226,7 @@ bool CatalogFeed::Acknowledge(SegmentId id, uint64_t ack, bool full,
   return true;
 }
 
-std::optional<size_t> CatalogFeed::NextSnapshotShard(SegmentId id, uint64_t ack, size_t limit) {
+std::optional<size_t> CatalogFeed::NextSnapshotShard(PoolSegmentId id, uint64_t ack, size_t limit) {
   Stripe& stripe = StripeOf(id);
   std::lock_guard lock(stripe.mu);
   auto it = stripe.logs.find(id);
@@ -239,7 +239,7 @@ std::optional<size_t> CatalogFeed::NextSnapshotShard(SegmentId id, uint64_t ack,
   return log.snapshot_shard++;
 }
 
-void CatalogFeed::Read(SegmentId id, uint64_t ack, size_t limit, int64_t now,
+void CatalogFeed::Read(PoolSegmentId id, uint64_t ack, size_t limit, int64_t now,
                        SegmentCatalogChanges* out) const {
   out->segment_id = id;
   out->changes.clear();

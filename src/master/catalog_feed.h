@@ -62,7 +62,7 @@ struct LoggedChange {
 // keys live in one buffer, so that gathering one costs a copy of the key, not an allocation).
 class TouchBatch {
  public:
-  void Add(SegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
+  void Add(PoolSegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
            uint64_t last_access);
   // Room for `touches` more, with `key_bytes` of keys, so that gathering them allocates once.
   void Reserve(size_t touches, size_t key_bytes);
@@ -71,7 +71,7 @@ class TouchBatch {
  private:
   friend class CatalogFeed;
   struct Touch {
-    SegmentId segment = 0;
+    PoolSegmentId segment = 0;
     uint64_t offset = 0;
     uint64_t size = 0;
     uint64_t last_access = 0;
@@ -96,16 +96,16 @@ class CatalogFeed {
   // holds: its first read answers reset, with a snapshot of the segment's objects.
   // `owner_has_catalog`: the owner mounted it with catalog entries (an owner without any holds
   // nothing stale until it reads, so ranges need not wait for it until then; see Hold).
-  void AddSegment(SegmentId id, bool reset, bool owner_has_catalog = true);
+  void AddSegment(PoolSegmentId id, bool reset, bool owner_has_catalog = true);
   // Forgets the segment's log. Appends for it are ignored from now on.
-  void RemoveSegment(SegmentId id);
+  void RemoveSegment(PoolSegmentId id);
 
   // Logs ADD or REMOVE. Past kMaxPendingCatalogChanges pending changes (or
   // kMaxPendingCatalogChangesUnread before the log's first Acknowledge) the log is cleared and
   // marked for a reset; until that reset starts, changes are not logged (the snapshot will hold
   // their outcome). Returns the change's sequence number: kAfterReset when it was left to a reset,
   // 0 when the segment has no log (the change is ignored).
-  uint64_t Append(SegmentId id, const LoggedChange& change);
+  uint64_t Append(PoolSegmentId id, const LoggedChange& change);
   // Logs each touch (best effort: dropped past half the bound of pending changes).
   void Append(const TouchBatch& batch);
 
@@ -116,7 +116,7 @@ class CatalogFeed {
   // owner asks (`full`) and is not already owed a reset. Returns false when the segment has no
   // log. Ranges held for changes the owner has now applied are appended to *released (when given),
   // for the caller to free.
-  bool Acknowledge(SegmentId id, uint64_t ack, bool full = false,
+  bool Acknowledge(PoolSegmentId id, uint64_t ack, bool full = false,
                    std::vector<StoredReplica>* released = nullptr);
 
   // ---- ranges that wait for their owner ----
@@ -133,12 +133,12 @@ class CatalogFeed {
   // During a reset, the next shard whose objects on the segment are to be appended as a snapshot
   // (with AppendSnapshot, under that shard's lock), while fewer than `limit` changes after `ack`
   // wait; nullopt when none is to be scanned now. Each shard is handed out once per reset.
-  std::optional<size_t> NextSnapshotShard(SegmentId id, uint64_t ack, size_t limit);
+  std::optional<size_t> NextSnapshotShard(PoolSegmentId id, uint64_t ack, size_t limit);
   // As Append for ADD, for a reset's snapshot: never cuts the log short.
-  void AppendSnapshot(SegmentId id, const LoggedChange& change);
+  void AppendSnapshot(PoolSegmentId id, const LoggedChange& change);
   // At most `limit` changes after `ack` into *out (segment_id, reset, changes, more, last_seq),
   // with soft-pin deadlines as the time left after `now` (master clock, ns).
-  void Read(SegmentId id, uint64_t ack, size_t limit, int64_t now,
+  void Read(PoolSegmentId id, uint64_t ack, size_t limit, int64_t now,
             SegmentCatalogChanges* out) const;
 
   // Logs cut short since construction.
@@ -195,12 +195,12 @@ class CatalogFeed {
   };
   struct Stripe {
     mutable std::mutex mu;
-    absl::flat_hash_map<SegmentId, std::unique_ptr<Log>> logs;  // guarded by mu
+    absl::flat_hash_map<PoolSegmentId, std::unique_ptr<Log>> logs;  // guarded by mu
   };
   static constexpr size_t kStripes = 16;
 
-  Stripe& StripeOf(SegmentId id) { return stripes_[id % kStripes]; }
-  const Stripe& StripeOf(SegmentId id) const { return stripes_[id % kStripes]; }
+  Stripe& StripeOf(PoolSegmentId id) { return stripes_[id % kStripes]; }
+  const Stripe& StripeOf(PoolSegmentId id) const { return stripes_[id % kStripes]; }
   // Clears the log and starts a reset from its next change; held ranges then wait for the reset.
   // REQUIRES: its stripe's mu held.
   void BeginReset(Log& log);

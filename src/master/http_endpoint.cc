@@ -257,13 +257,13 @@ struct SegmentAddress {
 };
 
 // The addresses of the segments the outcomes' replicas are on.
-std::unordered_map<SegmentId, SegmentAddress> AddressesOf(const MasterState& state,
-                                                          std::span<const GetOutcome> outcomes) {
-  std::vector<SegmentId> ids;
+std::unordered_map<PoolSegmentId, SegmentAddress> AddressesOf(
+    const MasterState& state, std::span<const GetOutcome> outcomes) {
+  std::vector<PoolSegmentId> ids;
   for (const GetOutcome& outcome : outcomes) {
     for (const ReplicaLocation& replica : outcome.replicas) ids.push_back(replica.segment_id);
   }
-  std::unordered_map<SegmentId, SegmentAddress> addresses;
+  std::unordered_map<PoolSegmentId, SegmentAddress> addresses;
   if (ids.empty()) return addresses;
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -285,7 +285,7 @@ std::unordered_map<SegmentId, SegmentAddress> AddressesOf(const MasterState& sta
 // One replica descriptor per replica of a found object (a replica whose segment went in between
 // is left out).
 std::vector<nlohmann::ordered_json> ReplicaDescriptors(
-    const GetOutcome& outcome, const std::unordered_map<SegmentId, SegmentAddress>& addresses) {
+    const GetOutcome& outcome, const std::unordered_map<PoolSegmentId, SegmentAddress>& addresses) {
   std::vector<nlohmann::ordered_json> out;
   for (const ReplicaLocation& replica : outcome.replicas) {
     auto it = addresses.find(replica.segment_id);

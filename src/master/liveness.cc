@@ -92,8 +92,8 @@ void MasterState::ExpireClients(int64_t now) {
     std::erase_if(claims_, [&](const auto& entry) { return now - entry.second.since > 2 * ttl; });
   }
   for (const auto& [client_id, slot] : expired) {
-    std::vector<SegmentId> segments = segments_.SegmentsOf(slot);
-    for (SegmentId id : segments) segments_.Unmount(id, slot).IgnoreError();
+    std::vector<PoolSegmentId> segments = segments_.SegmentsOf(slot);
+    for (PoolSegmentId id : segments) segments_.Unmount(id, slot).IgnoreError();
     DropSegments(segments, slot);
     ForgetTraffic(client_id);
     counters_.client_expiries.fetch_add(1, std::memory_order_relaxed);
@@ -120,9 +120,9 @@ size_t MasterState::ExpireSoftPins(int64_t now) {
   return expired;
 }
 
-void MasterState::DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot) {
+void MasterState::DropSegments(std::span<const PoolSegmentId> segments, uint32_t writer_slot) {
   if (!segments.empty()) segments_version_.fetch_add(1);
-  for (SegmentId id : segments) feed_.RemoveSegment(id);
+  for (PoolSegmentId id : segments) feed_.RemoveSegment(id);
   auto dropped = [&](const StoredReplica& replica) {
     return std::find(segments.begin(), segments.end(), replica.segment_id) != segments.end();
   };

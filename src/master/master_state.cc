@@ -95,7 +95,8 @@ MasterState::ClientRecord* MasterState::TouchClientLocked(const std::string& cli
 Status MasterState::UnknownClientError(const std::string& client_id) {
   return FailedPreconditionError("client '" + client_id +
                                  "' is not registered with this master (it expired, or the "
-                                 "master restarted); mount its segments again");
+                                 "master restarted); mount its segments again")
+      .WithDetail(ErrorDetail::kRemountRequired);
 }
 
 Result<MasterState::ClientRecord> MasterState::LookupClient(const std::string& client_id) {
@@ -171,10 +172,10 @@ std::string QuoteKey(std::string_view key) {
 
 // ---- clients and segments ----
 
-std::vector<Result<SegmentId>> MasterState::MountSegments(const std::string& client_id,
-                                                          const std::string& host_id,
-                                                          std::span<const SegmentMount> segments) {
-  std::vector<Result<SegmentId>> results;
+std::vector<Result<PoolSegmentId>> MasterState::MountSegments(
+    const std::string& client_id, const std::string& host_id,
+    std::span<const SegmentMount> segments) {
+  std::vector<Result<PoolSegmentId>> results;
   for (MountOutcome& outcome : MountSegments(MountCaller{client_id, host_id}, segments)) {
     if (outcome.status.ok()) {
       results.emplace_back(outcome.segment_id);
@@ -225,12 +226,12 @@ std::vector<MountOutcome> MasterState::MountSegments(const MountCaller& caller,
 }
 
 Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& client_id,
-                                                         std::span<const SegmentId> segments,
+                                                         std::span<const PoolSegmentId> segments,
                                                          bool unregister) {
   LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
   std::vector<Status> results;
-  std::vector<SegmentId> unmounted;
-  for (SegmentId id : segments) {
+  std::vector<PoolSegmentId> unmounted;
+  for (PoolSegmentId id : segments) {
     results.push_back(segments_.Unmount(id, slot));
     if (results.back().ok()) unmounted.push_back(id);
   }
@@ -239,7 +240,7 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
       std::lock_guard lock(clients_mu_);
       clients_.erase(client_id);
     }
-    for (SegmentId id : segments_.SegmentsOf(slot)) {
+    for (PoolSegmentId id : segments_.SegmentsOf(slot)) {
       if (segments_.Unmount(id, slot).ok()) unmounted.push_back(id);
     }
     ForgetTraffic(client_id);
@@ -413,7 +414,8 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
             }
           } else if (options.upsert) {
             outcome.status = UnavailableError("key " + QuoteKey(item.key) +
-                                              " is being written by another client; retry later");
+                                              " is being written by another client; retry later")
+                                 .WithDetail(ErrorDetail::kBeingWritten);
           } else {
             outcome.already_exists = true;
           }
@@ -761,14 +763,16 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
         continue;
       }
       if (object->state != ObjectState::kComplete) {
-        results[i] =
-            UnavailableError("key " + QuoteKey(ref.key) + " is being written; retry later");
+        results[i] = UnavailableError("key " + QuoteKey(ref.key) + " is being written; retry later")
+                         .WithDetail(ErrorDetail::kBeingWritten);
         continue;
       }
       if (!force && object->Leased(now)) {
-        results[i] = UnavailableError(
-            "key " + QuoteKey(ref.key) + " is leased to a reader for another " +
-            std::to_string((object->lease_until - now) / 1000000 + 1) + " ms; retry later");
+        results[i] =
+            UnavailableError("key " + QuoteKey(ref.key) + " is leased to a reader for another " +
+                             std::to_string((object->lease_until - now) / 1000000 + 1) +
+                             " ms; retry later")
+                .WithDetail(ErrorDetail::kLeased);
         continue;
       }
       ReleaseLocked(shard, object, now);
@@ -805,7 +809,7 @@ Result<RemoveAllOutcome> MasterState::RemoveByRegex(const std::string& client_id
 
 namespace {
 
-bool HasReplicaOn(const Object& object, SegmentId segment) {
+bool HasReplicaOn(const Object& object, PoolSegmentId segment) {
   for (const StoredReplica& replica : object.replicas()) {
     if (replica.segment_id == segment) return true;
   }
@@ -821,7 +825,7 @@ RemoveAllOutcome MasterState::RemoveByPrefix(std::string_view prefix, bool force
 
 RemoveAllOutcome MasterState::RemoveWhere(std::optional<std::string_view> tenant, bool force,
                                           absl::FunctionRef<bool(std::string_view)> match,
-                                          SegmentId on_segment) {
+                                          PoolSegmentId on_segment) {
   RemoveAllOutcome outcome;
   int64_t now = Now();
   for (size_t s = 0; s < shard_count_; ++s) {
@@ -870,7 +874,7 @@ std::vector<MasterState::FreedReplica> MasterState::EraseLocked(Shard& shard, Ob
 
 // ---- operators ----
 
-std::vector<SegmentView> MasterState::ListSegments(std::span<const SegmentId> ids) const {
+std::vector<SegmentView> MasterState::ListSegments(std::span<const PoolSegmentId> ids) const {
   return segments_.List(ids);
 }
 
@@ -878,7 +882,7 @@ Result<SegmentView> MasterState::SetDraining(const std::string& segment_name, bo
   std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
   if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
   LARDER_RETURN_IF_ERROR(segments_.SetDraining(holder->segment_id, draining));
-  const SegmentId id = holder->segment_id;
+  const PoolSegmentId id = holder->segment_id;
   std::vector<SegmentView> views = segments_.List(std::span(&id, 1));
   if (views.empty()) return NotFoundError("segment " + QuoteKey(segment_name) + " is gone");
   return std::move(views.front());
@@ -923,7 +927,7 @@ Result<MasterState::SegmentObjects> MasterState::ListSegmentObjects(const std::s
 Result<RemoveAllOutcome> MasterState::RemoveOnSegment(const std::string& segment_name, bool force) {
   std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
   if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
-  const SegmentId id = holder->segment_id;
+  const PoolSegmentId id = holder->segment_id;
   std::vector<SegmentView> views = segments_.List(std::span(&id, 1));
   if (views.empty() || !views.front().draining) {
     return FailedPreconditionError("segment " + QuoteKey(segment_name) +

@@ -118,9 +118,9 @@ class MasterState {
   std::vector<MountOutcome> MountSegments(const MountCaller& caller,
                                           std::span<const SegmentMount> segments);
   // As above, for a caller that gives no pid: each segment's id, or its error.
-  std::vector<Result<SegmentId>> MountSegments(const std::string& client_id,
-                                               const std::string& host_id,
-                                               std::span<const SegmentMount> segments);
+  std::vector<Result<PoolSegmentId>> MountSegments(const std::string& client_id,
+                                                   const std::string& host_id,
+                                                   std::span<const SegmentMount> segments);
   // The changes of the caller's catalogs that it has not applied: for each segment it has
   // mounted (in id order), the changes after the seq it acknowledges in `acks` (0 or absent:
   // from the log's start), at most kMaxCatalogChangesPerSegment per segment and
@@ -157,7 +157,7 @@ class MasterState {
   // Unmounts and drops every replica placed on the segments. With `unregister`, the client is
   // leaving: it is forgotten and its unfinished puts are revoked.
   Result<std::vector<Status>> UnmountSegments(const std::string& client_id,
-                                              std::span<const SegmentId> segments,
+                                              std::span<const PoolSegmentId> segments,
                                               bool unregister = false);
   // Marks the client alive and keeps its traffic report (when given) for the metrics.
   // remount_required when the master does not know it.
@@ -241,7 +241,7 @@ class MasterState {
   // with `force`). For operators: no client, no tenant.
   RemoveAllOutcome RemoveByPrefix(std::string_view prefix, bool force = false);
 
-  std::vector<SegmentView> ListSegments(std::span<const SegmentId> ids) const;
+  std::vector<SegmentView> ListSegments(std::span<const PoolSegmentId> ids) const;
 
   // Drains the segment named `segment_name` (or ends its drain): see SegmentTable::SetDraining.
   // The mark lives in this master only: a new master incarnation places there again. Returns
@@ -358,13 +358,13 @@ class MasterState {
   // key does; with `on_segment` (not 0), only those with a replica in that segment.
   RemoveAllOutcome RemoveWhere(std::optional<std::string_view> tenant, bool force,
                                absl::FunctionRef<bool(std::string_view)> match,
-                               SegmentId on_segment = 0);
+                               PoolSegmentId on_segment = 0);
   // The eviction rounds of Evict over one list (kLru or kSoftPinned) of every shard.
   uint64_t EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scanned, uint64_t* evicted);
   // Ends the soft pins past their deadline in every shard; returns how many.
   size_t ExpireSoftPins(int64_t now);
   // Drops replicas on `segments` everywhere; revokes the puts of `writer_slot` (if non-zero).
-  void DropSegments(std::span<const SegmentId> segments, uint32_t writer_slot);
+  void DropSegments(std::span<const PoolSegmentId> segments, uint32_t writer_slot);
   // ---- catalogs, rebuilds and takeovers (recovery.cc) ----
 
   // Mounts one segment for the caller (registered as `slot`), with its rebuild and takeover.
@@ -377,7 +377,7 @@ class MasterState {
   PreparedCatalog PrepareCatalog(const SegmentMount& mount) const;
   // Makes the prepared entries objects of the new segment `segment`; returns how many were
   // restored and refused.
-  CatalogRecovery RebuildObjects(SegmentId segment, uint32_t slot, PreparedCatalog& prepared);
+  CatalogRecovery RebuildObjects(PoolSegmentId segment, uint32_t slot, PreparedCatalog& prepared);
   // Opens the recovery window (see MountSegments) unless it is open.
   void OpenRecoveryWindow(int64_t now);
   // The error of a get that found no object while the recovery window is open.
@@ -391,7 +391,7 @@ class MasterState {
   void LogAddedLocked(const Object* object, int64_t soft_pin_until);
   // The snapshot of a reset: appends ADD for each complete object of shard `shard` with a
   // replica in the segment.
-  void SnapshotShard(SegmentId segment, size_t shard);
+  void SnapshotShard(PoolSegmentId segment, size_t shard);
   // Forgets the refused keys of the recovery window once it has ended.
   void EndRecoveryWindow(int64_t now);
 

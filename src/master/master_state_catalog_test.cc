@@ -21,7 +21,7 @@ using std::chrono::milliseconds;
 
 // What a client keeps of one segment: its catalog, applied from SyncCatalog as the protocol says.
 struct ClientCatalog {
-  SegmentId segment = 0;
+  PoolSegmentId segment = 0;
   uint64_t ack = 0;
   std::map<uint64_t, CatalogEntry> by_offset = {};
   bool full = false;  // ask for the whole catalog at the next sync
@@ -533,7 +533,7 @@ TEST_F(CatalogTest, SyncOfAnUnknownClientAsksForAMount) {
   ASSERT_TRUE(replies.ok());
   ASSERT_EQ(replies->size(), 1u);
   // An unmounted segment's log is gone with it.
-  const SegmentId segment = replies->at(0).segment_id;
+  const PoolSegmentId segment = replies->at(0).segment_id;
   ASSERT_TRUE(state_.UnmountSegments("a", std::span(&segment, 1)).ok());
   replies = state_.SyncCatalog("a", {});
   ASSERT_TRUE(replies.ok());

@@ -16,7 +16,7 @@ class DrainTest : public MasterStateTest {
     seg_b_ = Mount("b", "seg-b", 1 << 20, 0x200000, "host-b");
     on_a_.preferred_segments = {"seg-a"};
   }
-  SegmentId SegmentOf(std::string_view key) {
+  PoolSegmentId SegmentOf(std::string_view key) {
     GetOutcome got = Get("a", key, nullptr, GetMode::kPeek);
     EXPECT_TRUE(got.status.ok()) << got.status;
     return got.replicas.empty() ? 0 : got.replicas[0].segment_id;
@@ -31,7 +31,7 @@ class DrainTest : public MasterStateTest {
     return keys;
   }
 
-  SegmentId seg_a_ = 0, seg_b_ = 0;
+  PoolSegmentId seg_a_ = 0, seg_b_ = 0;
   PutOptions on_a_;
 };
 

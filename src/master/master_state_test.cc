@@ -15,7 +15,7 @@ namespace {
 using std::chrono::milliseconds;
 
 TEST_F(MasterStateTest, PutThenGetReturnsTheSameReplica) {
-  SegmentId segment = Mount("a", "seg-a", 1 << 20);
+  PoolSegmentId segment = Mount("a", "seg-a", 1 << 20);
   PutStartOutcome start = PutStart("a", "k1", 4096);
   ASSERT_TRUE(start.status.ok()) << start.status;
   ASSERT_EQ(start.replicas.size(), 1u);
@@ -102,9 +102,9 @@ TEST_F(MasterStateTest, MountRejectsZeroSizeOverlapAndDuplicateNames) {
 }
 
 TEST_F(MasterStateTest, ReplicasGoToDistinctSegmentsAndPreferredFirst) {
-  SegmentId a = Mount("a", "seg-a", 1 << 20);
-  SegmentId b = Mount("b", "seg-b", 1 << 20);
-  SegmentId c = Mount("c", "seg-c", 1 << 20);
+  PoolSegmentId a = Mount("a", "seg-a", 1 << 20);
+  PoolSegmentId b = Mount("b", "seg-b", 1 << 20);
+  PoolSegmentId c = Mount("c", "seg-c", 1 << 20);
   PutOptions options;
   options.replica_num = 2;
   options.preferred_segments = {"seg-c"};
@@ -228,8 +228,8 @@ TEST_F(MasterStateTest, SilentClientIsExpiredAndItsReplicasDropped) {
 }
 
 TEST_F(MasterStateTest, SegmentsTheWriterCannotReachArePlacedLast) {
-  SegmentId dead = Mount("a", "seg-a", 1 << 20);
-  SegmentId alive = Mount("b", "seg-b", 1 << 20);
+  PoolSegmentId dead = Mount("a", "seg-a", 1 << 20);
+  PoolSegmentId alive = Mount("b", "seg-b", 1 << 20);
   PutOptions avoid;
   avoid.avoid_segments = {dead};
   avoid.preferred_segments = {"seg-a"};  // even a preferred segment goes last
@@ -302,7 +302,7 @@ TEST_F(MasterStateTest, RevokeByTheWriterFreesAtOnce) {
 }
 
 TEST_F(MasterStateTest, UnmountDropsObjectsAndRemoveAllSkipsLeased) {
-  SegmentId a = Mount("a", "seg-a", 1 << 20);
+  PoolSegmentId a = Mount("a", "seg-a", 1 << 20);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(Put("a", "p/" + std::to_string(i), 100).ok());
   ASSERT_TRUE(Put("a", "q/0", 100).ok());
   auto keys = state_.ListKeys("p/", 3);
@@ -320,7 +320,7 @@ TEST_F(MasterStateTest, UnmountDropsObjectsAndRemoveAllSkipsLeased) {
 }
 
 TEST_F(MasterStateTest, LeavingClientIsForgottenWithItsSegmentsAndPuts) {
-  SegmentId a = Mount("a", "seg-a", 1 << 20);
+  PoolSegmentId a = Mount("a", "seg-a", 1 << 20);
   Mount("b", "seg-b", 1 << 20);
   PutOptions on_a;
   on_a.preferred_segments = {"seg-a"};
@@ -426,7 +426,7 @@ TEST_F(MasterStateTest, UnreleasedLeaseEndsAtItsTtl) {
 }
 
 TEST_F(MasterStateTest, ReleaseAfterTheObjectWentIsHarmless) {
-  SegmentId segment = Mount("a", "seg-a", 1 << 20);
+  PoolSegmentId segment = Mount("a", "seg-a", 1 << 20);
   Mount("b", "seg-b", 1 << 20);
   PutOptions on_a;
   on_a.preferred_segments = {"seg-a"};

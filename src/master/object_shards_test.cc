@@ -13,7 +13,7 @@ namespace {
 std::vector<StoredReplica> Replicas(int n) {
   std::vector<StoredReplica> replicas;
   for (int i = 0; i < n; ++i) {
-    replicas.push_back(StoredReplica{static_cast<SegmentId>(100 + i),
+    replicas.push_back(StoredReplica{static_cast<PoolSegmentId>(100 + i),
                                      static_cast<uint64_t>(4096 * i), static_cast<uint32_t>(i)});
   }
   return replicas;

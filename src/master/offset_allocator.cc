@@ -42,11 +42,6 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity, uint64_t alignment)
   units_free_ = units_total_;
 }
 
-size_t OffsetAllocator::metadata_bytes() const {
-  return nodes_.capacity() * sizeof(Node) + spare_nodes_.capacity() * sizeof(uint32_t) +
-         sizeof(*this);
-}
-
 uint32_t OffsetAllocator::NewNode() {
   uint32_t index;
   if (!spare_nodes_.empty()) {

@@ -55,8 +55,6 @@ class OffsetAllocator {
   uint64_t free_bytes() const { return units_free_ * alignment_; }
   uint64_t used_bytes() const { return capacity() - free_bytes(); }
   size_t live_allocations() const { return live_; }
-  // Bytes held by the allocator's own bookkeeping.
-  size_t metadata_bytes() const;
 
  private:
   static constexpr uint32_t kSubBits = 3;

@@ -152,7 +152,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
       holder.has_value() && holder->client_slot != slot) {
     if (!MayTakeOver(caller, *holder, mount.name, &outcome)) return outcome;
     if (segments_.Unmount(holder->segment_id, holder->client_slot).ok()) {
-      const SegmentId gone = holder->segment_id;
+      const PoolSegmentId gone = holder->segment_id;
       DropSegments(std::span(&gone, 1), 0);
       Log().warn(
           "segment '{}' taken over by client {} from client {}, whose process is gone: "
@@ -169,7 +169,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
   preparation.reserved = &prepared.reserved;
   // The log exists before any put can place a replica in the segment, and starts with the
   // REMOVEs of the entries refused so far, before any ADD that may reuse their ranges.
-  preparation.on_mount = [&](SegmentId id) {
+  preparation.on_mount = [&](PoolSegmentId id) {
     feed_.AddSegment(id, own_catalog, has_catalog);
     for (uint32_t i : prepared.refused) feed_.Append(id, RemovalOf(mount.catalog[i]));
     for (size_t k = 0; k < prepared.reserved.size(); ++k) {
@@ -178,7 +178,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
       }
     }
   };
-  Result<SegmentId> mounted =
+  Result<PoolSegmentId> mounted =
       segments_.Mount(slot, caller.client_id, caller.host_id, mount, preparation);
   if (!mounted.ok()) {
     outcome.status = mounted.status();
@@ -254,7 +254,7 @@ bool MasterState::MayTakeOver(const MountCaller& caller, const SegmentTable::Nam
   return false;
 }
 
-CatalogRecovery MasterState::RebuildObjects(SegmentId segment, uint32_t slot,
+CatalogRecovery MasterState::RebuildObjects(PoolSegmentId segment, uint32_t slot,
                                             PreparedCatalog& prepared) {
   const std::vector<CatalogEntry>& catalog = *prepared.catalog;
   CatalogRecovery recovery;
@@ -419,7 +419,7 @@ Status MasterState::RebuildingError(std::string_view key, int64_t left_ns) {
   message += " ms from now); retry: key ";
   message += QuoteKey(key);
   message += " is not stored yet";
-  return UnavailableError(std::move(message));
+  return UnavailableError(std::move(message)).WithDetail(ErrorDetail::kRebuilding);
 }
 
 void MasterState::LogAddedLocked(const Object* object, int64_t soft_pin_until) {
@@ -452,7 +452,7 @@ void MasterState::LogRemovedLocked(const Object* object, std::vector<FreedReplic
   }
 }
 
-void MasterState::SnapshotShard(SegmentId segment, size_t shard_index) {
+void MasterState::SnapshotShard(PoolSegmentId segment, size_t shard_index) {
   Shard& shard = shards_[shard_index];
   std::lock_guard lock(shard.mu);
   for (Object* object : shard.objects) {
@@ -480,14 +480,14 @@ Result<std::vector<SegmentCatalogChanges>> MasterState::SyncCatalog(
                                 std::to_string(kMaxSegmentsPerMount));
   }
   LARDER_ASSIGN_OR_RETURN(uint32_t slot, LookupSlot(client_id));
-  std::vector<SegmentId> ids = segments_.SegmentsOf(slot);
+  std::vector<PoolSegmentId> ids = segments_.SegmentsOf(slot);
   std::sort(ids.begin(), ids.end());
   std::vector<SegmentCatalogChanges> replies;
   replies.reserve(ids.size());
   size_t budget = kMaxCatalogChangesPerReply;
   const int64_t now = Now();
   std::vector<StoredReplica> released;  // ranges whose REMOVE the owner has now applied
-  for (SegmentId id : ids) {
+  for (PoolSegmentId id : ids) {
     uint64_t ack = 0;
     bool full = false;
     for (const CatalogAck& given : acks) {

@@ -12,9 +12,9 @@ namespace larder::master {
 SegmentTable::SegmentTable(uint64_t id_base, uint64_t alignment, PlacementStrategy strategy)
     : alignment_(alignment), strategy_(strategy), next_id_(id_base + 1) {}
 
-Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& client_id,
-                                      const std::string& host_id, const SegmentMount& mount,
-                                      const MountPreparation& prepare) {
+Result<PoolSegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& client_id,
+                                          const std::string& host_id, const SegmentMount& mount,
+                                          const MountPreparation& prepare) {
   if (mount.name.empty()) return InvalidArgumentError("segment name is empty");
   if (mount.name.size() > kMaxNameBytes) {
     return InvalidArgumentError("segment name " + QuoteKey(mount.name) + " is longer than " +
@@ -72,7 +72,7 @@ Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& c
                                 other.name + "'");
     }
   }
-  const SegmentId id = next_id_++;
+  const PoolSegmentId id = next_id_++;
   segment->view.segment_id = id;
   if (prepare.reserved != nullptr) *prepare.reserved = std::move(reserved);
   if (prepare.on_mount) prepare.on_mount(id);
@@ -83,7 +83,7 @@ Result<SegmentId> SegmentTable::Mount(uint32_t client_slot, const std::string& c
   return id;
 }
 
-Status SegmentTable::Unmount(SegmentId id, uint32_t client_slot) {
+Status SegmentTable::Unmount(PoolSegmentId id, uint32_t client_slot) {
   std::lock_guard lock(mu_);
   auto it = segments_.find(id);
   if (it == segments_.end()) return NotFoundError("segment " + std::to_string(id) + " is unknown");
@@ -108,16 +108,16 @@ std::optional<SegmentTable::NameHolder> SegmentTable::FindByName(const std::stri
   return NameHolder{it->second, segment.client_slot, segment.view.client_id};
 }
 
-std::vector<SegmentId> SegmentTable::SegmentsOf(uint32_t client_slot) const {
+std::vector<PoolSegmentId> SegmentTable::SegmentsOf(uint32_t client_slot) const {
   std::lock_guard lock(mu_);
-  std::vector<SegmentId> ids;
+  std::vector<PoolSegmentId> ids;
   for (const auto& [id, segment] : segments_) {
     if (segment->client_slot == client_slot) ids.push_back(id);
   }
   return ids;
 }
 
-Status SegmentTable::SetDraining(SegmentId id, bool draining) {
+Status SegmentTable::SetDraining(PoolSegmentId id, bool draining) {
   std::lock_guard lock(mu_);
   auto it = segments_.find(id);
   if (it == segments_.end())
@@ -126,17 +126,12 @@ Status SegmentTable::SetDraining(SegmentId id, bool draining) {
   return Status::Ok();
 }
 
-bool SegmentTable::IsMounted(SegmentId id) const {
-  std::lock_guard lock(mu_);
-  return segments_.contains(id);
-}
-
 SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t writer_slot,
                                           const std::string& writer_host) const {
   Plan plan;
   plan.replicas = std::max<uint32_t>(options.replica_num, 1);
   std::lock_guard lock(mu_);
-  std::vector<SegmentId> ids;
+  std::vector<PoolSegmentId> ids;
   std::vector<PlacementCandidate> candidates;
   ids.reserve(segments_.size());
   candidates.reserve(segments_.size());
@@ -147,7 +142,7 @@ SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t wr
                                             segment->view.host_id == writer_host,
                                             segment->allocator.free_bytes(), segment->view.size});
   }
-  std::vector<SegmentId> avoided;
+  std::vector<PoolSegmentId> avoided;
   for (size_t index : OrderPlacement(candidates, 0, options.preferred_segments, strategy_)) {
     const bool avoid = std::find(options.avoid_segments.begin(), options.avoid_segments.end(),
                                  ids[index]) != options.avoid_segments.end();
@@ -175,7 +170,7 @@ Result<std::vector<StoredReplica>> SegmentTable::Allocate(uint64_t size, const P
   }
   std::vector<StoredReplica> placed;
   placed.reserve(plan.replicas);
-  for (SegmentId id : plan.order) {
+  for (PoolSegmentId id : plan.order) {
     auto it = segments_.find(id);
     if (it == segments_.end() || it->second->view.size < size) continue;  // unmounted since
     auto allocation = it->second->allocator.Allocate(size);
@@ -214,7 +209,7 @@ SegmentView SegmentTable::ViewOf(const Segment& segment) const {
   return view;
 }
 
-std::vector<SegmentView> SegmentTable::List(std::span<const SegmentId> ids) const {
+std::vector<SegmentView> SegmentTable::List(std::span<const PoolSegmentId> ids) const {
   std::lock_guard lock(mu_);
   std::vector<SegmentView> views;
   if (ids.empty()) {
@@ -223,7 +218,7 @@ std::vector<SegmentView> SegmentTable::List(std::span<const SegmentId> ids) cons
       return a.segment_id < b.segment_id;
     });
   } else {
-    for (SegmentId id : ids) {
+    for (PoolSegmentId id : ids) {
       auto it = segments_.find(id);
       if (it != segments_.end()) views.push_back(ViewOf(*it->second));
     }

@@ -19,7 +19,7 @@ namespace larder::master {
 
 // One replica as the master stores it: where it is and the allocator handle that frees it.
 struct StoredReplica {
-  SegmentId segment_id = 0;
+  PoolSegmentId segment_id = 0;
   uint64_t offset = 0;
   OffsetAllocator::Handle handle = OffsetAllocator::kInvalidHandle;
 };
@@ -40,7 +40,7 @@ struct MountPreparation {
   std::vector<std::optional<OffsetAllocator::Allocation>>* reserved = nullptr;
   // Called with the new segment's id under the table's lock, after the ranges were taken and
   // before the segment is visible to anyone. It may take leaf locks only. May be empty.
-  std::function<void(SegmentId)> on_mount;
+  std::function<void(PoolSegmentId)> on_mount;
 };
 
 // The mounted segments, their offset allocators and placement.
@@ -54,13 +54,13 @@ class SegmentTable {
   // Mounts a segment owned by client `client_slot` (mount.catalog is not looked at; see
   // `prepare`). Errors: InvalidArgument (size 0, empty name), AlreadyExists (the name is mounted,
   // or the range overlaps one of the client's segments); `prepare` is then not acted on.
-  Result<SegmentId> Mount(uint32_t client_slot, const std::string& client_id,
-                          const std::string& host_id, const SegmentMount& mount,
-                          const MountPreparation& prepare = {});
+  Result<PoolSegmentId> Mount(uint32_t client_slot, const std::string& client_id,
+                              const std::string& host_id, const SegmentMount& mount,
+                              const MountPreparation& prepare = {});
 
   // Who holds a segment name.
   struct NameHolder {
-    SegmentId segment_id = 0;
+    PoolSegmentId segment_id = 0;
     uint32_t client_slot = 0;
     std::string client_id;
   };
@@ -69,19 +69,18 @@ class SegmentTable {
 
   // Forgets the segment; its allocations vanish with it. Errors: NotFound (unknown id),
   // PermissionDenied (another client's segment).
-  Status Unmount(SegmentId id, uint32_t client_slot);
+  Status Unmount(PoolSegmentId id, uint32_t client_slot);
 
-  std::vector<SegmentId> SegmentsOf(uint32_t client_slot) const;
+  std::vector<PoolSegmentId> SegmentsOf(uint32_t client_slot) const;
 
   // An operator's drain: while a segment drains, MakePlan leaves it out, so that no put places a
   // replica there; what it holds stays readable. Errors: NotFound (unknown id).
-  Status SetDraining(SegmentId id, bool draining);
-  bool IsMounted(SegmentId id) const;
+  Status SetDraining(PoolSegmentId id, bool draining);
 
   // The order in which segments are tried for one writer's puts (OrderPlacement over the segments
   // mounted now and not draining). One plan serves a whole batch.
   struct Plan {
-    std::vector<SegmentId> order;
+    std::vector<PoolSegmentId> order;
     uint32_t replicas = 1;
   };
   Plan MakePlan(const PutOptions& options, uint32_t writer_slot,
@@ -103,7 +102,7 @@ class SegmentTable {
   Usage usage() const;
 
   // Segments by id (all when `ids` is empty); unknown ids are skipped.
-  std::vector<SegmentView> List(std::span<const SegmentId> ids) const;
+  std::vector<SegmentView> List(std::span<const PoolSegmentId> ids) const;
 
  private:
   struct Segment {
@@ -119,11 +118,11 @@ class SegmentTable {
   const uint64_t alignment_;
   const PlacementStrategy strategy_;
   mutable std::mutex mu_;
-  uint64_t next_id_;                                                  // guarded by mu_
-  std::unordered_map<SegmentId, std::unique_ptr<Segment>> segments_;  // guarded by mu_
-  std::unordered_map<std::string, SegmentId> by_name_;                // guarded by mu_
-  uint64_t capacity_ = 0;                                             // guarded by mu_
-  uint64_t largest_ = 0;                                              // guarded by mu_
+  uint64_t next_id_;                                                      // guarded by mu_
+  std::unordered_map<PoolSegmentId, std::unique_ptr<Segment>> segments_;  // guarded by mu_
+  std::unordered_map<std::string, PoolSegmentId> by_name_;                // guarded by mu_
+  uint64_t capacity_ = 0;                                                 // guarded by mu_
+  uint64_t largest_ = 0;                                                  // guarded by mu_
 };
 
 }  // namespace larder::master

@@ -2,6 +2,7 @@
 //
 #include "master/service.h"
 
+#include "common/error_detail_wire.h"
 #include "common/logging.h"
 #include "common/proto_mac.h"
 
@@ -11,10 +12,13 @@ namespace {
 void SetStatus(proto::ItemStatus* out, const Status& status) {
   out->set_code(static_cast<int32_t>(status.code()));
   if (!status.ok()) out->set_message(status.message());
+  if (status.detail() != ErrorDetail::kNone)
+    out->set_detail(static_cast<uint32_t>(status.detail()));
 }
 
 grpc::Status ToGrpc(const Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message(),
+                      ErrorDetailToWire(status.detail()));
 }
 
 void FillReplicas(const ReplicaLocations& replicas,
@@ -269,7 +273,7 @@ class MasterService final : public proto::Master::Service {
     if (auto denied = Authorize(context, "UnmountSegments", *request, Need::kSelf); !denied.ok()) {
       return denied;
     }
-    std::vector<SegmentId> ids(request->segment_id().begin(), request->segment_id().end());
+    std::vector<PoolSegmentId> ids(request->segment_id().begin(), request->segment_id().end());
     auto results = state_->UnmountSegments(request->client_id(), ids, request->unregister_client());
     if (!results.ok()) return ToGrpc(results.status());
     if (request->unregister_client()) sessions_->CloseClient(request->client_id());
@@ -476,7 +480,7 @@ class MasterService final : public proto::Master::Service {
     if (auto denied = Authorize(context, "ListSegments", *request, Need::kMember); !denied.ok()) {
       return denied;
     }
-    std::vector<SegmentId> ids(request->segment_id().begin(), request->segment_id().end());
+    std::vector<PoolSegmentId> ids(request->segment_id().begin(), request->segment_id().end());
     for (const SegmentView& view : state_->ListSegments(ids)) {
       FillSegment(view, reply->add_segments());
     }

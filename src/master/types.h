@@ -19,7 +19,9 @@
 
 namespace larder::master {
 
-using SegmentId = uint64_t;
+// A mounted segment's id in the pool, assigned by the master and unique across its incarnations
+// (larder::SegmentId, by contrast, is an engine's own id of a segment it exports).
+using PoolSegmentId = uint64_t;
 using Clock = std::chrono::steady_clock;
 
 enum class PlacementStrategy {
@@ -114,7 +116,7 @@ struct CatalogRecovery {
 // What MasterState::MountSegments did with one segment.
 struct MountOutcome {
   Status status;  // OK: mounted as segment_id
-  SegmentId segment_id = 0;
+  PoolSegmentId segment_id = 0;
   CatalogRecovery recovery;
   // With AlreadyExists because another client holds the name: that client's host and pid.
   std::string holder_host_id;
@@ -136,7 +138,7 @@ struct CatalogChange {
 
 // The changes of one segment's catalog that a client has not acknowledged yet.
 struct SegmentCatalogChanges {
-  SegmentId segment_id = 0;
+  PoolSegmentId segment_id = 0;
   // The changes rebuild the catalog from nothing: drop every entry held first (asked for with
   // CatalogAck::full, or the log was cut short). The reset's first changes are a snapshot of the
   // segment's objects (ADDs), later ones what happened since; a long reset goes on over several
@@ -151,7 +153,7 @@ struct SegmentCatalogChanges {
 
 // A client's acknowledgement: it applied every change of the segment's log up to `seq`.
 struct CatalogAck {
-  SegmentId segment_id = 0;
+  PoolSegmentId segment_id = 0;
   uint64_t seq = 0;  // 0: none yet
   // Send the whole catalog (a reset) instead of the changes after `seq`: after a mount that
   // rebuilt objects from the client's catalog, to learn which were kept, or after the client
@@ -160,7 +162,7 @@ struct CatalogAck {
 };
 
 struct SegmentView {
-  SegmentId segment_id = 0;
+  PoolSegmentId segment_id = 0;
   std::string name;
   std::string client_id;
   std::string host_id;
@@ -181,7 +183,7 @@ struct SegmentObject {
 };
 
 struct ReplicaLocation {
-  SegmentId segment_id = 0;
+  PoolSegmentId segment_id = 0;
   uint64_t offset = 0;
 };
 

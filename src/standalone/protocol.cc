@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "common/error_detail_wire.h"
+
 namespace larder::standalone {
 namespace {
 
@@ -86,6 +88,7 @@ void WireWriter::PutStatus(const Status& status) {
   if (status.ok()) return;
   std::string_view message = status.message();
   String(message.substr(0, kMaxMessageBytes));
+  U8(static_cast<uint8_t>(status.detail()));
 }
 
 void WireWriter::PutConfig(const larder::PutConfig& config) {
@@ -192,8 +195,10 @@ Status WireReader::GetStatus() {
     return Status::Ok();
   }
   std::string message = String(kMaxMessageBytes, "status message");
+  // A detail this build does not know reads as none: the code still holds.
+  const ErrorDetail detail = ErrorDetailFromNumber(U8());
   if (!ok()) return Status::Ok();
-  return Status(static_cast<StatusCode>(code), std::move(message));
+  return Status(static_cast<StatusCode>(code), std::move(message)).WithDetail(detail);
 }
 
 larder::PutConfig WireReader::PutConfig() {

@@ -26,7 +26,8 @@
 namespace larder::standalone {
 
 inline constexpr uint32_t kFrameMagic = 0x3143534c;  // "LSC1"
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: a status carries its ErrorDetail after the message.
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // Limits both ends enforce; the daemon announces them in its Hello reply.
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;  // payload of one frame

@@ -111,6 +111,31 @@ TEST(WireTest, OversizedStringsAndBadEnumsAreRefused) {
   }
 }
 
+TEST(WireTest, StatusDetailRoundTripsAndAnUnknownOneReadsAsNone) {
+  WireWriter out;
+  out.PutStatus(UnavailableError("key 'k' is leased").WithDetail(ErrorDetail::kLeased));
+  out.PutStatus(FailedPreconditionError("gone").WithDetail(ErrorDetail::kRemountRequired));
+  out.PutStatus(NotFoundError("plain"));
+  WireReader in(out.data());
+  Status leased = in.GetStatus();
+  EXPECT_EQ(leased.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(leased.detail(), ErrorDetail::kLeased);
+  EXPECT_EQ(leased.message(), "key 'k' is leased");
+  EXPECT_EQ(in.GetStatus().detail(), ErrorDetail::kRemountRequired);
+  EXPECT_EQ(in.GetStatus().detail(), ErrorDetail::kNone);
+  EXPECT_TRUE(in.Finish().ok()) << in.Finish();
+
+  WireWriter future;
+  future.PutStatus(UnavailableError("x"));
+  std::string bytes = future.Take();
+  bytes.back() = static_cast<char>(200);  // a detail from a newer build
+  WireReader read(bytes);
+  Status status = read.GetStatus();
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(status.detail(), ErrorDetail::kNone);
+  EXPECT_TRUE(read.Finish().ok());
+}
+
 TEST(WireTest, RepliesRoundTrip) {
   WireWriter out;
   std::vector<Result<size_t>> sizes = {size_t{5}, NotFoundError("gone"), size_t{0}};

@@ -40,18 +40,6 @@ Result<std::string> DecodeBlob(const std::string& text) {
 
 }  // namespace
 
-std::string_view MemoryKindName(MemoryKind kind) {
-  switch (kind) {
-    case MemoryKind::kMemfd:
-      return "memfd";
-    case MemoryKind::kDevice:
-      return "device";
-    case MemoryKind::kAnonymous:
-      break;
-  }
-  return "anonymous";
-}
-
 std::string SegmentDescriptor::ToJson() const {
   nlohmann::json blobs = nlohmann::json::object();
   for (const auto& [transport, blob] : transports) blobs[transport] = EncodeBlob(blob);

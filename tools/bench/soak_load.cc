@@ -244,8 +244,8 @@ void SoakLoad::Remove() {
       ++ok;
     } else if (status.code() == StatusCode::kNotFound) {
       ++missing;  // evicted, removed before, or never stored
-    } else if (status.code() == StatusCode::kUnavailable &&
-               status.message().find("retry later") != std::string::npos) {
+    } else if (status.detail() == larder::ErrorDetail::kBeingWritten ||
+               status.detail() == larder::ErrorDetail::kLeased) {
       ++busy;  // a reader holds it, or a put of it is in flight: documented, retry later
     } else {
       failed.Add(status);

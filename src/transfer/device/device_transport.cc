@@ -65,14 +65,22 @@ class DeviceTransport final : public Transport {
     // Segment memory is registered once, here: peers' copies into it then always find coverage.
     Status registered = coverage_.Register(reinterpret_cast<uint64_t>(ptr), rounded, Native());
     if (!registered.ok()) {
-      backend_->Free(ptr).IgnoreError();
+      if (Status freed = backend_->Free(ptr); !freed.ok()) {
+        Log().warn("device memory at {} of device {} not freed after a failed registration: {}",
+                   ptr, device, freed.ToString());
+      }
       return registered;
     }
     std::shared_ptr<DeviceBackend> backend = backend_;
     return std::make_shared<MemoryRegion>(ptr, rounded, MemoryKind::kDevice,
                                           [backend, device, ptr] {
                                             DeviceScope release_scope(*backend, device);
-                                            backend->Free(ptr).IgnoreError();
+                                            if (Status freed = backend->Free(ptr); !freed.ok()) {
+                                              Log().warn(
+                                                  "device memory at {} of device {} not "
+                                                  "freed: {}",
+                                                  ptr, device, freed.ToString());
+                                            }
                                           });
   }
 

@@ -211,7 +211,9 @@ void ShmHandoffServer::Answer(const Exchange& ex) {
   auto reply_error = [&](const Status& error) {
     Log().warn("shm handoff to {} failed: {}", peer, error.ToString());
     auto m = Reply(error, 0);
-    SendWithFd(fd, &m, sizeof(m), -1).IgnoreError();
+    if (Status sent = SendWithFd(fd, &m, sizeof(m), -1); !sent.ok()) {
+      Log().debug("shm handoff refusal to {} not sent: {}", peer, sent.ToString());
+    }
   };
   std::string_view peer_engine_id, dialed;
   if (request.magic != kHandoffMagic) {
@@ -249,7 +251,11 @@ void ShmHandoffServer::Answer(const Exchange& ex) {
       auto mac = HandoffOwnerMac(context_.auth_token, binding, m.code, m.size);
       std::memcpy(m.mac, mac.data(), mac.size());
     }
-    SendWithFd(fd, &m, sizeof(m), pass_fd).IgnoreError();
+    // The peer may have gone (or given up at its deadline): say so, nothing else to do.
+    if (Status sent = SendWithFd(fd, &m, sizeof(m), pass_fd); !sent.ok()) {
+      Log().warn("shm handoff reply{} to {} not sent: {}", pass_fd >= 0 ? " with the memfd" : "",
+                 peer, sent.ToString());
+    }
   };
   auto exported = context_.exports->Get(request.segment_id);
   if (!exported.ok()) {

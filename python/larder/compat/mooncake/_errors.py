@@ -89,22 +89,21 @@ _CODE_FOR_STATUS = {
 }
 
 
-# The master's "retry later" refusals (Unavailable), told apart by what they say, as Mooncake's
-# codes tell them apart; any other Unavailable means the master or a peer is unreachable.
-_UNAVAILABLE_REASONS = (
-    ("leased", ErrorCode.OBJECT_HAS_LEASE),
-    ("being written", ErrorCode.REPLICA_IS_NOT_READY),
-    ("lease expired", ErrorCode.LEASE_EXPIRED),
-)
+# The "retry later" refusals (Unavailable), told apart by their detail as Mooncake's codes tell
+# them apart; any other Unavailable means the master or a peer is unreachable.
+_CODE_FOR_DETAIL = {
+    "Leased": ErrorCode.OBJECT_HAS_LEASE,
+    "BeingWritten": ErrorCode.REPLICA_IS_NOT_READY,
+    "LeaseExpired": ErrorCode.LEASE_EXPIRED,
+}
 
 
 def error_code(error: BaseException) -> int:
     """The negative Mooncake code that stands for ``error`` (a LarderError or a bad argument)."""
     if isinstance(error, larder.LarderError):
-        if error.code == larder.StatusCode.UNAVAILABLE:
-            for phrase, code in _UNAVAILABLE_REASONS:
-                if phrase in getattr(error, "message", str(error)):
-                    return int(code)
+        detail = _CODE_FOR_DETAIL.get(getattr(error, "detail", "None"))
+        if detail is not None:
+            return int(detail)
         return int(_CODE_FOR_STATUS.get(error.code, ErrorCode.INTERNAL_ERROR))
     return int(ErrorCode.INVALID_PARAMS)
 
