@@ -13,13 +13,14 @@ TEST_FUZZ_SECONDS ?= 20
 # time of -O2 -g, and ASan's reports and libFuzzer's coverage need no more.
 CHECK_OPT_FLAGS ?= -O1 -g1 -DNDEBUG
 
-.PHONY: all deps build run test bench fuzz fuzz-build deb install format format-check clean help
+.PHONY: all deps build run test thread-safety bench fuzz fuzz-build deb install format format-check clean help
 
 all: build
 
 help:
 	@echo "make run          install deps, build (Release), run the store demo (master + 3 processes)"
 	@echo "make test         install deps, build with ASan+UBSan in $(TEST_BUILD_DIR)/, run every test (ctest)"
+	@echo "make thread-safety  check the lock annotations with clang -Wthread-safety over $(TEST_BUILD_DIR)/'s sources"
 	@echo "make bench        build, run the benchmarks into bench/results/"
 	@echo "make fuzz         build the libFuzzer targets with clang in $(FUZZ_BUILD_DIR)/, run each for FUZZ_RUNS ($(FUZZ_RUNS)) inputs or FUZZ_SECONDS ($(FUZZ_SECONDS))"
 	@echo "make build        Release build into $(BUILD_DIR)/ (binaries in $(BUILD_DIR)/bin)"
@@ -42,9 +43,18 @@ test: deps
 	  -DCMAKE_INSTALL_PREFIX=/usr \
 	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(CHECK_OPT_FLAGS)"
 	cmake --build $(TEST_BUILD_DIR) -j$(JOBS)
+	JOBS=$(JOBS) scripts/thread_safety.sh $(TEST_BUILD_DIR)
 	cd $(TEST_BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
 	$(MAKE) fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD_DIR) $(TEST_FUZZ_SECONDS)
+
+# clang's lock analysis over every source the test build compiles (its compile_commands.json).
+thread-safety: deps
+	cmake -S . -B $(TEST_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLARDER_SANITIZE=ON \
+	  -DCMAKE_INSTALL_PREFIX=/usr \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(CHECK_OPT_FLAGS)"
+	cmake --build $(TEST_BUILD_DIR) -j$(JOBS) --target larder_proto
+	JOBS=$(JOBS) scripts/thread_safety.sh $(TEST_BUILD_DIR)
 
 fuzz-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \

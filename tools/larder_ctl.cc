@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
   drain
       ->add_option("--limit", drain_flags.limit,
                    "consider at most this many of its objects, the most used")
-      ->check(CLI::Range(size_t{1}, size_t{1000000}))
+      ->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
   drain->add_flag("--keep", drain_flags.keep, "move what fits, drop nothing");
   drain->add_flag("-y,--yes", drain_flags.yes, "do not ask for confirmation");

@@ -7,7 +7,7 @@ namespace larder::client {
 
 Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64_t incarnation) {
   const Clock::time_point now = Clock::now();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (changes.reset()) entries_.clear();
   incarnation_ = incarnation;
   for (const proto::CatalogChange& change : changes.changes()) {
@@ -51,7 +51,7 @@ Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64
 
 void SegmentCatalog::Fill(proto::SegmentInfo* segment) const {
   const Clock::time_point now = Clock::now();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   segment->set_catalog_incarnation(incarnation_);
   segment->mutable_catalog()->Reserve(static_cast<int>(entries_.size()));
   for (const auto& [offset, entry] : entries_) {
@@ -69,22 +69,22 @@ void SegmentCatalog::Fill(proto::SegmentInfo* segment) const {
 }
 
 void SegmentCatalog::Restart() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   seq_ = 0;
 }
 
 uint64_t SegmentCatalog::seq() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return seq_;
 }
 
 size_t SegmentCatalog::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return entries_.size();
 }
 
 uint64_t SegmentCatalog::incarnation() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return incarnation_;
 }
 

@@ -9,10 +9,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "larder/status.h"
 #include "master.pb.h"
 
@@ -48,10 +48,10 @@ class SegmentCatalog {
     uint64_t last_access = 0;
   };
 
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Entry> entries_;  // by offset; guarded by mu_
-  uint64_t seq_ = 0;                             // guarded by mu_
-  uint64_t incarnation_ = 0;                     // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, Entry> entries_ LARDER_GUARDED_BY(mu_);  // by offset
+  uint64_t seq_ LARDER_GUARDED_BY(mu_) = 0;
+  uint64_t incarnation_ LARDER_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace larder::client

@@ -11,14 +11,14 @@ void LeaseReleaser::Start() {
 
 void LeaseReleaser::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   std::vector<uint64_t> left;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     left.swap(pending_);
   }
   if (!left.empty()) send_(std::move(left));
@@ -28,7 +28,7 @@ void LeaseReleaser::Queue(uint64_t lease_id) {
   if (lease_id == 0) return;
   bool wake;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (pending_.empty()) oldest_pending_ = SteadyClock::now();
     pending_.push_back(lease_id);
     // The thread is woken only when it sleeps with nothing to do: a busy reader's gets cost no
@@ -36,41 +36,42 @@ void LeaseReleaser::Queue(uint64_t lease_id) {
     wake = idle_;
     idle_ = false;
   }
-  if (wake) cv_.notify_all();
+  if (wake) cv_.SignalAll();
 }
 
 std::vector<uint64_t> LeaseReleaser::TakeForCall() {
   std::vector<uint64_t> taken;
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (pending_.empty() && !in_flight_) return taken;
-  cv_.wait(lock, [this] { return !in_flight_; });
+  while (in_flight_) cv_.Wait(lock);
   taken.swap(pending_);
   return taken;
 }
 
 void LeaseReleaser::Loop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     if (pending_.empty()) {
       idle_ = true;
-      cv_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+      while (!stopping_ && pending_.empty()) cv_.Wait(lock);
       idle_ = false;
       continue;
     }
     // Give a call the time to carry them; a call may take them, and newer ones arrive.
     auto due = oldest_pending_ + delay_;
     if (SteadyClock::now() < due) {
-      cv_.wait_until(lock, due, [this] { return stopping_; });
+      while (!stopping_ && cv_.WaitUntil(lock, due)) {
+      }
       continue;
     }
     std::vector<uint64_t> ids;
     ids.swap(pending_);
     in_flight_ = true;
-    lock.unlock();
+    lock.Unlock();
     send_(std::move(ids));
-    lock.lock();
+    lock.Lock();
     in_flight_ = false;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

@@ -11,12 +11,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace larder::client {
 
@@ -47,14 +47,16 @@ class LeaseReleaser {
 
   const std::chrono::microseconds delay_;
   const SendFn send_;
-  // Everything below but the thread is guarded by mu_.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<uint64_t> pending_;
-  SteadyClock::time_point oldest_pending_;  // when pending_[0] was queued
-  bool idle_ = false;                       // the thread sleeps until a release is queued
-  bool in_flight_ = false;                  // the thread is sending some
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<uint64_t> pending_ LARDER_GUARDED_BY(mu_);
+  // When pending_[0] was queued.
+  SteadyClock::time_point oldest_pending_ LARDER_GUARDED_BY(mu_);
+  // The thread sleeps until a release is queued.
+  bool idle_ LARDER_GUARDED_BY(mu_) = false;
+  // The thread is sending some.
+  bool in_flight_ LARDER_GUARDED_BY(mu_) = false;
+  bool stopping_ LARDER_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -90,7 +90,7 @@ std::shared_ptr<const MasterClient::Connection> MasterClient::Connect(
 
 std::string MasterClient::Describe() const {
   if (!etcd_target_) return options_.address;
-  std::lock_guard lock(connection_mu_);
+  MutexLock lock(connection_mu_);
   if (connection_ == nullptr) return options_.address + " (no leader known)";
   return options_.address + " (leader " + connection_->address + ")";
 }
@@ -98,7 +98,7 @@ std::string MasterClient::Describe() const {
 Result<std::shared_ptr<const MasterClient::Connection>> MasterClient::CurrentConnection() const {
   LARDER_RETURN_IF_ERROR(init_status_);
   {
-    std::lock_guard lock(connection_mu_);
+    MutexLock lock(connection_mu_);
     if (connection_ != nullptr) return connection_;
   }
   return LookUpLeader();
@@ -110,7 +110,7 @@ Result<std::shared_ptr<const MasterClient::Connection>> MasterClient::LookUpLead
     return UnavailableError("larder-master of cluster '" + etcd_target_->cluster_id +
                             "' unreachable: " + leader.status().message());
   }
-  std::lock_guard lock(connection_mu_);
+  MutexLock lock(connection_mu_);
   if (connection_ == nullptr || connection_->address != leader->address) {
     Log().info("larder-master: following the leader of cluster '{}' at {} (incarnation {:x})",
                etcd_target_->cluster_id, leader->address, leader->incarnation);
@@ -152,14 +152,14 @@ Status MasterClient::Sign(const Connection& connection, const char* name,
 
 Result<std::shared_ptr<const MasterClient::Session>> MasterClient::CurrentSession(
     const Connection& connection) const {
-  std::lock_guard lock(connection.session_mu);
+  MutexLock lock(connection.session_mu);
   if (connection.session != nullptr) return connection.session;
   LARDER_ASSIGN_OR_RETURN(connection.session, OpenSession(connection));
   return connection.session;
 }
 
 void MasterClient::ForgetSession(const Connection& connection, uint64_t session_id) const {
-  std::lock_guard lock(connection.session_mu);
+  MutexLock lock(connection.session_mu);
   if (connection.session != nullptr && connection.session->id == session_id) {
     connection.session.reset();
   }

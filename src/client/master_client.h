@@ -12,12 +12,12 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/error_detail_wire.h"
+#include "common/mutex.h"
 #include "etcd/etcd_client.h"
 #include "larder/status.h"
 #include "master.grpc.pb.h"
@@ -102,8 +102,8 @@ class MasterClient {
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<proto::Master::Stub> stub;
-    mutable std::mutex session_mu;
-    mutable std::shared_ptr<const Session> session;  // guarded by session_mu
+    mutable Mutex session_mu;
+    mutable std::shared_ptr<const Session> session LARDER_GUARDED_BY(session_mu);
   };
   static constexpr int kMaxFollows = 2;
 
@@ -131,8 +131,8 @@ class MasterClient {
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   std::optional<etcd::EtcdTarget> etcd_target_;
   std::unique_ptr<etcd::EtcdClient> etcd_;
-  mutable std::mutex connection_mu_;
-  mutable std::shared_ptr<const Connection> connection_;  // guarded by connection_mu_
+  mutable Mutex connection_mu_;
+  mutable std::shared_ptr<const Connection> connection_ LARDER_GUARDED_BY(connection_mu_);
   mutable std::atomic<uint64_t> sequence_{0};
 };
 

@@ -39,13 +39,13 @@ MasterSession::MasterSession(const MasterClient* master, MasterSessionOptions op
 MasterSession::~MasterSession() { Stop(); }
 
 uint64_t MasterSession::segment_id() const {
-  std::lock_guard lock(mount_mu_);
+  MutexLock lock(mount_mu_);
   return segment_id_;
 }
 
 Status MasterSession::Start() {
   LARDER_RETURN_IF_ERROR(MountWithTakeOver());
-  std::lock_guard lock(loop_mu_);
+  MutexLock lock(loop_mu_);
   started_ = true;
   thread_ = std::thread([this] { Loop(); });
   return Status::Ok();
@@ -53,11 +53,11 @@ Status MasterSession::Start() {
 
 void MasterSession::Stop() {
   {
-    std::lock_guard lock(loop_mu_);
+    MutexLock lock(loop_mu_);
     if (!started_ || stopping_) return;
     stopping_ = true;
   }
-  loop_cv_.notify_all();
+  loop_cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   proto::UnmountSegmentsRequest request;
   proto::UnmountSegmentsReply reply;
@@ -79,7 +79,7 @@ Status MasterSession::MountWithTakeOver() {
     proto::MountSegmentsReply reply;
     Status status;
     {
-      std::lock_guard lock(mount_mu_);
+      MutexLock lock(mount_mu_);
       status = MountLocked(take_over_pid, &reply);
     }
     if (status.ok()) return status;
@@ -115,7 +115,7 @@ Status MasterSession::MountWithTakeOver() {
 }
 
 Status MasterSession::Remount(uint64_t seen_generation) {
-  std::lock_guard lock(mount_mu_);
+  MutexLock lock(mount_mu_);
   if (generation_.load() != seen_generation) return Status::Ok();
   proto::MountSegmentsReply reply;
   return MountLocked(0, &reply);
@@ -177,15 +177,16 @@ void MasterSession::Loop() {
   bool reachable = true;
   auto interval = options_.heartbeat_interval;
   auto next_heartbeat = SteadyClock::now() + interval;
-  std::unique_lock lock(loop_mu_);
+  MutexLock lock(loop_mu_);
   while (!stopping_) {
     const auto wake =
         options_.segment_memory
             ? std::min(next_heartbeat, SteadyClock::now() + options_.catalog_sync_interval)
             : next_heartbeat;
-    loop_cv_.wait_until(lock, wake, [this] { return stopping_; });
+    while (!stopping_ && loop_cv_.WaitUntil(lock, wake)) {
+    }
     if (stopping_) break;
-    lock.unlock();
+    lock.Unlock();
     if (SteadyClock::now() >= next_heartbeat) {
       Heartbeat(&reachable, &interval);
       next_heartbeat = SteadyClock::now() + interval;
@@ -199,7 +200,7 @@ void MasterSession::Loop() {
       bool later = false;  // what this round brings is acknowledged by the next wake's
       if (removed) SyncCatalog(&later);
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -222,7 +223,7 @@ void MasterSession::Heartbeat(bool* reachable, std::chrono::milliseconds* interv
   if (ttl.count() > 0) *interval = std::min(options_.heartbeat_interval, ttl / 3);
   uint64_t incarnation;
   {
-    std::lock_guard lock(mount_mu_);
+    MutexLock lock(mount_mu_);
     incarnation = incarnation_;
   }
   if (reply.remount_required() || reply.master_incarnation() != incarnation) {
@@ -241,7 +242,7 @@ bool MasterSession::SyncCatalog(bool* removed) {
   bool full = false;
   uint64_t id = 0;
   {
-    std::lock_guard lock(mount_mu_);
+    MutexLock lock(mount_mu_);
     id = segment_id_;
     full = catalog_full_sync_;
   }
@@ -265,7 +266,7 @@ bool MasterSession::SyncCatalog(bool* removed) {
   bool more = false;
   for (const proto::SegmentCatalogChanges& changes : reply.segments()) {
     if (changes.segment_id() != id) continue;
-    std::lock_guard lock(mount_mu_);
+    MutexLock lock(mount_mu_);
     if (segment_id_ != id) return false;  // remounted meanwhile: this reply is stale
     Status applied = catalog_.Apply(changes, reply.master_incarnation());
     if (!applied.ok()) {

@@ -9,15 +9,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "client/catalog.h"
 #include "client/master_client.h"
+#include "common/mutex.h"
 #include "larder/status.h"
 #include "larder/transfer_engine.h"
 
@@ -72,8 +71,8 @@ class MasterSession {
 
  private:
   // One MountSegments call; the reply is left in `reply` (for a refusal's holder).
-  // REQUIRES: mount_mu_ held.
-  Status MountLocked(uint32_t take_over_pid, proto::MountSegmentsReply* reply);
+  Status MountLocked(uint32_t take_over_pid, proto::MountSegmentsReply* reply)
+      LARDER_REQUIRES(mount_mu_);
   Status MountWithTakeOver();
   void Loop();
   void Heartbeat(bool* reachable, std::chrono::milliseconds* interval);
@@ -85,17 +84,18 @@ class MasterSession {
   const MasterSessionOptions options_;
   SegmentCatalog catalog_;
 
-  mutable std::mutex mount_mu_;
+  mutable Mutex mount_mu_;
   std::atomic<uint64_t> generation_{0};
-  uint64_t segment_id_ = 0;         // guarded by mount_mu_
-  uint64_t incarnation_ = 0;        // guarded by mount_mu_
-  bool catalog_full_sync_ = false;  // guarded by mount_mu_: ask the whole catalog next
-  uint64_t segments_version_ = 0;   // the thread's
+  uint64_t segment_id_ LARDER_GUARDED_BY(mount_mu_) = 0;
+  uint64_t incarnation_ LARDER_GUARDED_BY(mount_mu_) = 0;
+  // Ask the whole catalog next.
+  bool catalog_full_sync_ LARDER_GUARDED_BY(mount_mu_) = false;
+  uint64_t segments_version_ = 0;  // the thread's
 
-  std::mutex loop_mu_;
-  std::condition_variable loop_cv_;
-  bool stopping_ = false;  // guarded by loop_mu_
-  bool started_ = false;   // guarded by loop_mu_
+  Mutex loop_mu_;
+  CondVar loop_cv_;
+  bool stopping_ LARDER_GUARDED_BY(loop_mu_) = false;
+  bool started_ LARDER_GUARDED_BY(loop_mu_) = false;
   std::thread thread_;
 };
 

@@ -2,10 +2,7 @@
 #include "larder/store_client.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <map>
-#include <mutex>
-#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -16,6 +13,7 @@
 #include "client/store_pieces.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 
 namespace larder {
 
@@ -76,7 +74,7 @@ class StoreClientImpl final : public StoreClient {
       AddTrafficReport(engine_->Stats(), request);
     };
     session.on_mount = [this] {
-      std::lock_guard lock(cache_mu_);
+      MutexLock lock(cache_mu_);
       cache_.clear();  // segment ids of an earlier incarnation mean nothing now
     };
     session.on_segments_changed = [this] { return CloseGoneSegments(); };
@@ -136,7 +134,7 @@ class StoreClientImpl final : public StoreClient {
     if (ptr == nullptr || size == 0) return InvalidArgumentError("RegisterBuffer: null or empty");
     auto begin = reinterpret_cast<uintptr_t>(ptr);
     {
-      std::unique_lock lock(buffers_mu_);
+      WriterLock lock(buffers_mu_);
       if (client::OverlapsRange(buffers_, begin, size)) {
         return InvalidArgumentError("RegisterBuffer: [" + FormatHex(begin) + ", +" +
                                     std::to_string(size) + ") overlaps a registered buffer");
@@ -145,7 +143,7 @@ class StoreClientImpl final : public StoreClient {
     }
     Status status = engine_->RegisterLocalMemory(ptr, size);
     if (!status.ok()) {
-      std::unique_lock lock(buffers_mu_);
+      WriterLock lock(buffers_mu_);
       buffers_.erase(begin);
     }
     return status;
@@ -153,7 +151,7 @@ class StoreClientImpl final : public StoreClient {
 
   Status UnregisterBuffer(void* ptr) override {
     {
-      std::unique_lock lock(buffers_mu_);
+      WriterLock lock(buffers_mu_);
       if (buffers_.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
         return NotFoundError("UnregisterBuffer: no buffer registered at " +
                              FormatHex(reinterpret_cast<uintptr_t>(ptr)));
@@ -466,7 +464,7 @@ class StoreClientImpl final : public StoreClient {
 
   Status CheckRegistered(const void* ptr, size_t size) const {
     auto begin = reinterpret_cast<uintptr_t>(ptr);
-    std::shared_lock lock(buffers_mu_);
+    ReaderLock lock(buffers_mu_);
     if (client::FindEnclosingRange(buffers_, begin, size) != buffers_.end()) {
       return Status::Ok();
     }
@@ -513,7 +511,7 @@ class StoreClientImpl final : public StoreClient {
   bool CloseGoneSegments() {
     std::vector<uint64_t> ids;
     {
-      std::lock_guard lock(cache_mu_);
+      MutexLock lock(cache_mu_);
       for (const auto& [id, segment] : cache_) ids.push_back(id);
     }
     if (ids.empty()) return true;
@@ -558,7 +556,7 @@ class StoreClientImpl final : public StoreClient {
   void OpenSegments(std::span<const uint64_t> ids, SegmentHandles* opened) {
     std::vector<uint64_t> missing;
     {
-      std::lock_guard lock(cache_mu_);
+      MutexLock lock(cache_mu_);
       uint64_t previous = 0;
       for (uint64_t id : ids) {
         if (id == previous || opened->Find(id) != nullptr) continue;  // batches repeat ids
@@ -596,7 +594,7 @@ class StoreClientImpl final : public StoreClient {
       auto route = engine_->SegmentRoute(*handle);
       SegmentHandleRank segment{*handle, RoutePreference(route.ok() ? *route : RouteKind::kTcp)};
       opened->Add(info.segment_id(), segment);
-      std::lock_guard lock(cache_mu_);
+      MutexLock lock(cache_mu_);
       cache_[info.segment_id()] = segment;
     }
   }
@@ -606,12 +604,12 @@ class StoreClientImpl final : public StoreClient {
   static constexpr auto kAvoidFor = std::chrono::seconds(30);
 
   void MarkUnreachable(uint64_t id) {
-    std::lock_guard lock(cache_mu_);
+    MutexLock lock(cache_mu_);
     unreachable_[id] = SteadyClock::now() + kAvoidFor;
   }
 
   void AddUnreachable(proto::BatchPutStartRequest* request) {
-    std::lock_guard lock(cache_mu_);
+    MutexLock lock(cache_mu_);
     if (unreachable_.empty()) return;
     const auto now = SteadyClock::now();
     std::erase_if(unreachable_, [now](const auto& entry) { return entry.second < now; });
@@ -622,7 +620,7 @@ class StoreClientImpl final : public StoreClient {
   }
 
   void ForgetSegment(uint64_t id) {
-    std::lock_guard lock(cache_mu_);
+    MutexLock lock(cache_mu_);
     auto it = cache_.find(id);
     if (it == cache_.end()) return;
     engine_->CloseSegment(it->second.handle).IgnoreError();
@@ -889,12 +887,13 @@ class StoreClientImpl final : public StoreClient {
 
   std::unique_ptr<client::MasterSession> session_;
 
-  std::mutex cache_mu_;
-  std::unordered_map<uint64_t, SegmentHandleRank> cache_;    // guarded by cache_mu_
-  std::map<uint64_t, SteadyClock::time_point> unreachable_;  // avoid until; guarded by cache_mu_
+  Mutex cache_mu_;
+  std::unordered_map<uint64_t, SegmentHandleRank> cache_ LARDER_GUARDED_BY(cache_mu_);
+  // Avoid until.
+  std::map<uint64_t, SteadyClock::time_point> unreachable_ LARDER_GUARDED_BY(cache_mu_);
 
-  mutable std::shared_mutex buffers_mu_;
-  std::map<uintptr_t, size_t> buffers_;  // guarded by buffers_mu_
+  mutable SharedMutex buffers_mu_;
+  std::map<uintptr_t, size_t> buffers_ LARDER_GUARDED_BY(buffers_mu_);
 
   // Declared last: destroyed first, while master_ can still send what is left.
   client::LeaseReleaser releases_{options_.lease_release_delay, [this](std::vector<uint64_t> ids) {

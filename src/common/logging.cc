@@ -1,11 +1,11 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "common/logging.h"
+#include "common/mutex.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cctype>
 #include <cstdlib>
-#include <mutex>
 #include <unordered_set>
 
 namespace larder {
@@ -43,10 +43,10 @@ spdlog::logger& Log() {
 void SetLogLevel(const std::string& level) { ApplyLevel(Log(), level); }
 
 void WarnOnce(const std::string& key, const std::string& message) {
-  static std::mutex mu;
+  static Mutex mu;
   static std::unordered_set<std::string> seen;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (!seen.insert(key).second) return;
   }
   Log().warn("{}", message);

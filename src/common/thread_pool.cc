@@ -16,28 +16,28 @@ ThreadPool::ThreadPool(size_t threads, std::string name) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     tasks_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void ThreadPool::Run() {
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       idle_.fetch_add(1, std::memory_order_relaxed);
-      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      while (!stopping_ && tasks_.empty()) cv_.Wait(lock);
       idle_.fetch_sub(1, std::memory_order_relaxed);
       if (tasks_.empty()) return;
       task = std::move(tasks_.front());

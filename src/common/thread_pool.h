@@ -5,13 +5,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace larder {
 
@@ -32,10 +32,10 @@ class ThreadPool {
  private:
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> tasks_ LARDER_GUARDED_BY(mu_);
+  bool stopping_ LARDER_GUARDED_BY(mu_) = false;
   std::atomic<size_t> idle_{0};
   std::vector<std::thread> workers_;
 };

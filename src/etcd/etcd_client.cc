@@ -6,9 +6,9 @@
 
 #include <atomic>
 #include <cstdio>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "common/mutex.h"
 #include "etcd_rpc.grpc.pb.h"
 
 namespace larder::etcd {
@@ -240,7 +240,7 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
   ~GrpcEtcdClient() override {
-    std::lock_guard lock(keepalive_mu_);
+    MutexLock lock(keepalive_mu_);
     keepalive_.reset();
   }
 
@@ -345,7 +345,7 @@ class GrpcEtcdClient final : public EtcdClient {
 
   Result<std::chrono::milliseconds> KeepAlive(int64_t lease) override {
     LARDER_RETURN_IF_ERROR(CheckLease(lease, "KeepAlive"));
-    std::lock_guard lock(keepalive_mu_);
+    MutexLock lock(keepalive_mu_);
     std::string failures;
     const size_t count = members_.size();
     const size_t first = preferred_.load(std::memory_order_relaxed);
@@ -441,8 +441,8 @@ class GrpcEtcdClient final : public EtcdClient {
   std::vector<std::unique_ptr<Member>> members_;
   // The member that answered last: calls start there.
   std::atomic<size_t> preferred_{0};
-  std::mutex keepalive_mu_;
-  std::unique_ptr<KeepAliveStream> keepalive_;  // guarded by keepalive_mu_
+  Mutex keepalive_mu_;
+  std::unique_ptr<KeepAliveStream> keepalive_ LARDER_GUARDED_BY(keepalive_mu_);
 };
 
 bool IsDigits(std::string_view text) {

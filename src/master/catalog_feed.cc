@@ -1,6 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 #include "master/catalog_feed.h"
+#include "common/mutex.h"
 
 #include <algorithm>
 
@@ -78,7 +79,7 @@ void CatalogFeed::Release(Log& log, Done done, std::vector<StoredReplica>* relea
 bool CatalogFeed::Hold(const StoredReplica& replica, uint64_t size, uint64_t seq) {
   if (seq == 0) return false;
   Stripe& stripe = StripeOf(replica.segment_id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(replica.segment_id);
   if (it == stripe.logs.end()) return false;
   Log& log = *it->second;
@@ -98,14 +99,14 @@ void CatalogFeed::AddSegment(PoolSegmentId id, bool reset, bool owner_has_catalo
   log->owner_has_catalog = owner_has_catalog || reset;
   if (reset) BeginReset(*log);
   Stripe& stripe = StripeOf(id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   stripe.logs[id] = std::move(log);
 }
 
 void CatalogFeed::RemoveSegment(PoolSegmentId id) {
   std::unique_ptr<Log> removed;  // freed outside the lock
   Stripe& stripe = StripeOf(id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(id);
   if (it == stripe.logs.end()) return;
   removed = std::move(it->second);
@@ -117,7 +118,7 @@ void CatalogFeed::RemoveSegment(PoolSegmentId id) {
 
 uint64_t CatalogFeed::Append(PoolSegmentId id, const LoggedChange& change) {
   Stripe& stripe = StripeOf(id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(id);
   if (it == stripe.logs.end()) return 0;
   Log& log = *it->second;
@@ -138,7 +139,7 @@ uint64_t CatalogFeed::Append(PoolSegmentId id, const LoggedChange& change) {
 
 void CatalogFeed::AppendSnapshot(PoolSegmentId id, const LoggedChange& change) {
   Stripe& stripe = StripeOf(id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(id);
   if (it == stripe.logs.end() || it->second->overflowed) return;
   it->second->Push(change);
@@ -146,39 +147,37 @@ void CatalogFeed::AppendSnapshot(PoolSegmentId id, const LoggedChange& change) {
 
 void CatalogFeed::Append(const TouchBatch& batch) {
   // A batch's touches are mostly of one segment: each stripe lock is taken once per run.
-  const Stripe* locked = nullptr;
-  std::unique_lock<std::mutex> lock;
-  PoolSegmentId cached_id = 0;
-  Log* cached = nullptr;
-  for (const TouchBatch::Touch& touch : batch.touches_) {
-    Stripe& stripe = StripeOf(touch.segment);
-    if (&stripe != locked) {
-      lock = std::unique_lock(stripe.mu);
-      locked = &stripe;
-      cached = nullptr;
+  const std::vector<TouchBatch::Touch>& touches = batch.touches_;
+  for (size_t i = 0; i < touches.size();) {
+    Stripe& stripe = StripeOf(touches[i].segment);
+    MutexLock lock(stripe.mu);
+    PoolSegmentId cached_id = 0;
+    Log* cached = nullptr;
+    for (; i < touches.size() && &StripeOf(touches[i].segment) == &stripe; ++i) {
+      const TouchBatch::Touch& touch = touches[i];
+      if (cached == nullptr || cached_id != touch.segment) {
+        auto it = stripe.logs.find(touch.segment);
+        cached = it == stripe.logs.end() ? nullptr : it->second.get();
+        cached_id = touch.segment;
+      }
+      if (cached == nullptr || cached->overflowed || cached->pending() >= cached->bound() / 2) {
+        continue;
+      }
+      LoggedChange change;
+      change.kind = CatalogChangeKind::kTouch;
+      change.key = std::string_view(batch.keys_).substr(touch.key_at, touch.key_size);
+      change.offset = touch.offset;
+      change.size = touch.size;
+      change.last_access = touch.last_access;
+      cached->Push(change);
     }
-    if (cached == nullptr || cached_id != touch.segment) {
-      auto it = stripe.logs.find(touch.segment);
-      cached = it == stripe.logs.end() ? nullptr : it->second.get();
-      cached_id = touch.segment;
-    }
-    if (cached == nullptr || cached->overflowed || cached->pending() >= cached->bound() / 2) {
-      continue;
-    }
-    LoggedChange change;
-    change.kind = CatalogChangeKind::kTouch;
-    change.key = std::string_view(batch.keys_).substr(touch.key_at, touch.key_size);
-    change.offset = touch.offset;
-    change.size = touch.size;
-    change.last_access = touch.last_access;
-    cached->Push(change);
   }
 }
 
 bool CatalogFeed::Acknowledge(PoolSegmentId id, uint64_t ack, bool full,
                               std::vector<StoredReplica>* released) {
   Stripe& stripe = StripeOf(id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(id);
   if (it == stripe.logs.end()) return false;
   Log& log = *it->second;
@@ -228,7 +227,7 @@ bool CatalogFeed::Acknowledge(PoolSegmentId id, uint64_t ack, bool full,
 
 std::optional<size_t> CatalogFeed::NextSnapshotShard(PoolSegmentId id, uint64_t ack, size_t limit) {
   Stripe& stripe = StripeOf(id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(id);
   if (it == stripe.logs.end()) return std::nullopt;
   Log& log = *it->second;
@@ -244,7 +243,7 @@ void CatalogFeed::Read(PoolSegmentId id, uint64_t ack, size_t limit, int64_t now
   out->segment_id = id;
   out->changes.clear();
   const Stripe& stripe = StripeOf(id);
-  std::lock_guard lock(stripe.mu);
+  MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(id);
   if (it == stripe.logs.end()) return;
   const Log& log = *it->second;

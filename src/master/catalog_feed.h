@@ -21,12 +21,12 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "master/segment_table.h"
 #include "master/types.h"
 
@@ -194,8 +194,8 @@ class CatalogFeed {
     void DropThrough(uint64_t seq);
   };
   struct Stripe {
-    mutable std::mutex mu;
-    absl::flat_hash_map<PoolSegmentId, std::unique_ptr<Log>> logs;  // guarded by mu
+    mutable Mutex mu;
+    absl::flat_hash_map<PoolSegmentId, std::unique_ptr<Log>> logs LARDER_GUARDED_BY(mu);
   };
   static constexpr size_t kStripes = 16;
 

@@ -27,6 +27,7 @@
 #include <cmath>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "master/master_state.h"
 
 namespace larder::master {
@@ -51,7 +52,7 @@ uint64_t MasterState::EvictForPut(uint64_t bytes) {
 }
 
 uint64_t MasterState::Evict(uint64_t bytes) {
-  std::lock_guard evict_lock(evict_mu_);
+  MutexLock evict_lock(evict_mu_);
   const auto started = Clock::now();
   uint64_t scanned = 0, evicted = 0;
   uint64_t freed = EvictFrom(ObjectList::kLru, bytes, &scanned, &evicted);
@@ -104,7 +105,7 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
       size_t taken = 0, walked = 0;
       uint64_t oldest = UINT64_MAX, newest = 0;
       {
-        std::lock_guard lock(shard.mu);
+        MutexLock lock(shard.mu);
         for (Object* object = shard.Ends(list).oldest;
              object != nullptr && taken < k && walked < kMaxWalk; object = object->newer) {
           ++walked;
@@ -150,7 +151,7 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
       replicas.clear();
       size_t walked = 0;
       {
-        std::lock_guard lock(shard.mu);
+        MutexLock lock(shard.mu);
         for (Object* object = shard.Ends(list).oldest;
              object != nullptr && walked < walk_length[s] && freed + freed_this_round < bytes;
              ++walked) {
@@ -195,7 +196,7 @@ void MasterState::EvictForHeadroom(int64_t now) {
   const uint64_t put_bytes = counters_.put_bytes.load(std::memory_order_relaxed);
   double rate = 0;
   {
-    std::lock_guard lock(rate_mu_);
+    MutexLock lock(rate_mu_);
     const int64_t elapsed = now - put_rate_at_;
     if (put_rate_at_ == 0 || elapsed <= 0) {
       put_rate_at_ = now;

@@ -486,7 +486,7 @@ std::string Hex(std::string_view bytes) {
 }
 
 // Most objects one /api/segment_objects answer lists.
-constexpr size_t kMaxSegmentObjectsListed = 1000000;
+constexpr size_t kMaxSegmentObjectsListed = kMaxKeysListed;
 
 // Per client: what its engine reported moving, by route, to every peer together.
 struct RouteTotals {

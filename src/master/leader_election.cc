@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 
 namespace larder::master {
 
@@ -115,7 +116,7 @@ int64_t LeaderElection::ServingUntil() const {
 Status LeaderElection::CheckServing() const {
   const int64_t until = ServingUntil();
   if (until > 0) return Status();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::string message;
   switch (role_) {
     case Role::kLeader:
@@ -150,31 +151,31 @@ Status LeaderElection::CheckServing() const {
 
 LeaderElection::Role LeaderElection::role() const {
   const int64_t until = ServingUntil();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (role_ == Role::kLeader && until <= 0) return Role::kFenced;
   return role_;
 }
 
 std::optional<etcd::LeaderRecord> LeaderElection::leader() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return leader_;
 }
 
 void LeaderElection::Stop() {
-  std::lock_guard stop_lock(stop_mu_);
+  MutexLock stop_lock(stop_mu_);
   bool abandoned = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (role_ == Role::kStopped) return;
     stop_ = true;
     abandoned = abandoned_;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   if (thread_.joinable()) thread_.join();
   if (abandoned) return;  // a hung process releases nothing
   Role was;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     was = role_;
     // Serving ends before the key goes, so that the next leader never overlaps with us.
     serving_until_ns_.store(0, std::memory_order_release);
@@ -202,24 +203,25 @@ void LeaderElection::Stop() {
 }
 
 void LeaderElection::AbandonForTesting() {
-  std::lock_guard stop_lock(stop_mu_);
+  MutexLock stop_lock(stop_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (role_ == Role::kStopped || abandoned_) return;
     stop_ = true;
     abandoned_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void LeaderElection::Run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stop_) {
-    lock.unlock();
+    lock.Unlock();
     const Clock::time_point next = Step();
-    lock.lock();
-    wake_.wait_until(lock, next, [this] { return stop_; });
+    lock.Lock();
+    while (!stop_ && wake_.WaitUntil(lock, next)) {
+    }
   }
 }
 
@@ -237,7 +239,7 @@ LeaderElection::Clock::time_point LeaderElection::Step() {
   const milliseconds poll = std::max(milliseconds(50), options_.lease_ttl / 10);
   Role role;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     role = role_;
   }
   if (role == Role::kFenced) return now + std::chrono::hours(1);  // nothing left to do
@@ -268,7 +270,7 @@ bool LeaderElection::RenewIfDue(Clock::time_point now, bool* renewed) {
     granted_ttl_ = *ttl;
     next_keepalive_ = sent + granted_ttl_ / 3;
     *renewed = true;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     last_error_.clear();
     return true;
   }
@@ -286,7 +288,7 @@ LeaderElection::Clock::time_point LeaderElection::LeaderStep(Clock::time_point n
   if (now >= ServingDeadline()) {
     std::string last_error;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       last_error = last_error_;
     }
     Fence(LapsedMessage(ServingDeadline(), last_error));
@@ -311,7 +313,7 @@ LeaderElection::Clock::time_point LeaderElection::LeaderStep(Clock::time_point n
                                                                std::memory_order_acq_rel)) {
       std::string last_error;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         last_error = last_error_;
       }
       const int64_t lapsed = expected < 0 ? -expected : expected;
@@ -380,7 +382,7 @@ LeaderElection::Clock::time_point LeaderElection::StandbyStep(Clock::time_point 
 void LeaderElection::BecomeLeader() {
   serving_until_ns_.store(ToNanos(ServingDeadline()), std::memory_order_release);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     role_ = Role::kLeader;
     leader_ =
         etcd::LeaderRecord{options_.advertise_address, options_.incarnation, options_.http_port};
@@ -397,7 +399,7 @@ void LeaderElection::BecomeLeader() {
 void LeaderElection::BecomeStandby(std::optional<etcd::LeaderRecord> leader) {
   bool changed = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const bool had = leader_.has_value();
     changed = had != leader.has_value() || (had && (leader_->address != leader->address ||
                                                     leader_->incarnation != leader->incarnation));
@@ -418,7 +420,7 @@ void LeaderElection::BecomeStandby(std::optional<etcd::LeaderRecord> leader) {
 void LeaderElection::Fence(std::string why) {
   Status lost = UnavailableError(std::move(why));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     role_ = Role::kFenced;
     lost_ = lost;
     // Inside the lock, after the role: CheckServing never sees "not serving" with kLeader.
@@ -434,7 +436,7 @@ void LeaderElection::Fence(std::string why) {
 }
 
 void LeaderElection::NoteError(const Status& status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (last_error_ != status.message()) {
     Log().warn("larder-master (cluster {}): {}", options_.cluster_id, status.ToString());
   }

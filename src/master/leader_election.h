@@ -24,17 +24,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "etcd/etcd_client.h"
 #include "larder/status.h"
 #include "master/service.h"
@@ -148,15 +147,15 @@ class LeaderElection final : public ServingGate {
   Clock::time_point renewal_sent_{};    // when the last successful grant/keep-alive was sent
   Clock::time_point next_keepalive_{};  // when the next keep-alive is due
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;                         // guarded by mu_
-  bool abandoned_ = false;                    // guarded by mu_
-  Role role_ = Role::kStandby;                // guarded by mu_
-  std::optional<etcd::LeaderRecord> leader_;  // guarded by mu_
-  std::string last_error_;                    // guarded by mu_: the last etcd error, or ""
-  Status lost_;                               // guarded by mu_: why it was fenced
-  std::mutex stop_mu_;                        // serializes Stop and AbandonForTesting
+  mutable Mutex mu_;
+  CondVar wake_;
+  bool stop_ LARDER_GUARDED_BY(mu_) = false;
+  bool abandoned_ LARDER_GUARDED_BY(mu_) = false;
+  Role role_ LARDER_GUARDED_BY(mu_) = Role::kStandby;
+  std::optional<etcd::LeaderRecord> leader_ LARDER_GUARDED_BY(mu_);
+  std::string last_error_ LARDER_GUARDED_BY(mu_);  // the last etcd error, or ""
+  Status lost_ LARDER_GUARDED_BY(mu_);             // why it was fenced
+  Mutex stop_mu_;                                  // serializes Stop and AbandonForTesting
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 #include "master/leases.h"
+#include "common/mutex.h"
 
 #include <algorithm>
 
@@ -59,7 +60,7 @@ LeaseId LeaseTable::Grant(uint32_t client_slot, int64_t now, int64_t expires,
   if (id == 0) id = next_id_.fetch_add(1, std::memory_order_relaxed);  // wrapped: 0 means none
   Shard& shard = ShardOf(id);
   {
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     shard.leases.emplace(id, Lease{client_slot, now, expires, std::move(objects)});
     shard.expiry.emplace_back(expires, id);
   }
@@ -72,7 +73,7 @@ LeaseTable::ReleaseOutcome LeaseTable::Release(LeaseId id, uint32_t client_slot,
   Shard& shard = ShardOf(id);
   Lease lease;
   {
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.leases.find(id);
     if (it == shard.leases.end()) return ReleaseOutcome::kUnknown;
     if (it->second.client_slot != client_slot) return ReleaseOutcome::kRefused;
@@ -90,7 +91,7 @@ size_t LeaseTable::Expire(int64_t now) {
   std::vector<Lease> ended;
   for (Shard& shard : shards_) {
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       while (!shard.expiry.empty() && shard.expiry.front().first <= now) {
         auto it = shard.leases.find(shard.expiry.front().second);
         shard.expiry.pop_front();
@@ -111,7 +112,7 @@ void LeaseTable::Clear() {
   for (Shard& shard : shards_) {
     absl::flat_hash_map<LeaseId, Lease> leases;
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       leases.swap(shard.leases);
       shard.expiry.clear();
     }

@@ -15,9 +15,9 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "master/object_shards.h"
 
 namespace larder::master {
@@ -98,11 +98,11 @@ class LeaseTable {
     std::vector<Object*> objects;
   };
   struct Shard {
-    std::mutex mu;
-    absl::flat_hash_map<LeaseId, Lease> leases;  // guarded by mu
+    Mutex mu;
+    absl::flat_hash_map<LeaseId, Lease> leases LARDER_GUARDED_BY(mu);
     // (expires, id) in grant order; leases share one TTL, so this is also expiry order. Entries
     // of leases released since are skipped when reached.
-    std::deque<std::pair<int64_t, LeaseId>> expiry;  // guarded by mu
+    std::deque<std::pair<int64_t, LeaseId>> expiry LARDER_GUARDED_BY(mu);
   };
   static constexpr size_t kShards = 16;
 

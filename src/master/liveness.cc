@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "master/master_state.h"
 
 namespace larder::master {
@@ -35,14 +36,14 @@ void MasterState::RunMaintenance() {
 void MasterState::ForgiveStall(int64_t now) {
   int64_t stalled;
   {
-    std::lock_guard lock(sweep_mu_);
+    MutexLock lock(sweep_mu_);
     stalled = now - last_sweep_;
     last_sweep_ = now;
   }
   if (stalled <= ToNanos(options_.client_ttl) / 3 + ToNanos(options_.sweep_interval)) return;
   size_t clients;
   {
-    std::lock_guard lock(clients_mu_);
+    MutexLock lock(clients_mu_);
     for (auto& [client_id, record] : clients_) record.last_seen = std::max(record.last_seen, now);
     clients = clients_.size();
   }
@@ -52,7 +53,7 @@ void MasterState::ForgiveStall(int64_t now) {
 
 void MasterState::SampleRates(int64_t now) {
   constexpr int64_t kWindow = 10'000'000'000;  // 10 s
-  std::lock_guard lock(rate_mu_);
+  MutexLock lock(rate_mu_);
   eviction_samples_.emplace_back(now, counters_.evictions.load(std::memory_order_relaxed));
   while (eviction_samples_.size() > 2 && eviction_samples_.front().first < now - kWindow) {
     eviction_samples_.pop_front();
@@ -63,7 +64,7 @@ std::vector<ClientView> MasterState::ListClients() const {
   const int64_t now = Now();
   std::vector<ClientView> clients;
   {
-    std::lock_guard lock(clients_mu_);
+    MutexLock lock(clients_mu_);
     clients.reserve(clients_.size());
     for (const auto& [client_id, record] : clients_) {
       clients.push_back(ClientView{client_id, record.host_id, record.pid,
@@ -79,7 +80,7 @@ void MasterState::ExpireClients(int64_t now) {
   int64_t ttl = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.client_ttl).count();
   std::vector<std::pair<std::string, uint32_t>> expired;
   {
-    std::lock_guard lock(clients_mu_);
+    MutexLock lock(clients_mu_);
     for (auto it = clients_.begin(); it != clients_.end();) {
       if (now - it->second.last_seen > ttl) {
         expired.emplace_back(it->first, it->second.slot);
@@ -114,7 +115,7 @@ void MasterState::ExpireLeases(int64_t now) {
 size_t MasterState::ExpireSoftPins(int64_t now) {
   size_t expired = 0;
   for (size_t s = 0; s < shard_count_; ++s) {
-    std::lock_guard lock(shards_[s].mu);
+    MutexLock lock(shards_[s].mu);
     expired += shards_[s].ExpireSoftPins(now);
   }
   return expired;
@@ -131,7 +132,7 @@ void MasterState::DropSegments(std::span<const PoolSegmentId> segments, uint32_t
     Shard& shard = shards_[s];
     std::vector<FreedReplica> quarantined;
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       size_t erased = shard.EraseIf([&](Object* object) {
         object->EraseReplicasIf(dropped);
         bool revoke = writer_slot != 0 && object->writer == writer_slot &&
@@ -157,7 +158,7 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
     Shard& shard = shards_[s];
     std::vector<FreedReplica> quarantined;
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       int64_t timeout = ToNanos(options_.put_timeout);
       // Oldest first: stop at the first put still within its time.
       while (shard.processing.oldest != nullptr &&
@@ -180,14 +181,14 @@ void MasterState::RevokeTimedOutPuts(int64_t now) {
 // copying from, until its lease ends. The queue is released in order: an entry behind one with a
 // later release time waits for it, which only keeps its ranges out of use longer.
 void MasterState::Quarantine(std::vector<FreedReplica> replicas, int64_t release_at) {
-  std::lock_guard lock(quarantine_mu_);
+  MutexLock lock(quarantine_mu_);
   quarantine_.push_back(QuarantinedRanges{release_at, std::move(replicas)});
 }
 
 void MasterState::ReleaseQuarantine(int64_t now) {
   std::vector<FreedReplica> released;
   {
-    std::lock_guard lock(quarantine_mu_);
+    MutexLock lock(quarantine_mu_);
     while (!quarantine_.empty() && quarantine_.front().release_at <= now) {
       released.insert(released.end(), quarantine_.front().replicas.begin(),
                       quarantine_.front().replicas.end());
@@ -210,15 +211,17 @@ void MasterState::FreeReleased(std::span<const StoredReplica> replicas) {
   if (replicas.empty()) return;
   segments_.Free(replicas);
   {
-    std::lock_guard lock(reclaim_mu_);
+    MutexLock lock(reclaim_mu_);
     ++reclaimed_;
   }
-  reclaim_cv_.notify_all();
+  reclaim_cv_.SignalAll();
 }
 
 bool MasterState::WaitForReclaim(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock lock(reclaim_mu_);
-  return reclaim_cv_.wait_until(lock, deadline, [&] { return reclaimed_ != seen; });
+  MutexLock lock(reclaim_mu_);
+  while (reclaimed_ == seen && reclaim_cv_.WaitUntil(lock, deadline)) {
+  }
+  return reclaimed_ != seen;
 }
 
 }  // namespace larder::master

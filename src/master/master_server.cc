@@ -7,12 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/net.h"
 #include "etcd/etcd_client.h"
 #include "master/http_endpoint.h"
@@ -128,20 +128,20 @@ struct MasterServer::Impl {
   // With HTTP: the counters every options.status_interval, for /api/history.
   StatusHistory history;
   std::thread sampler;
-  std::mutex sampler_mu;
-  std::condition_variable sampler_cv;
-  bool sampler_stop = false;                 // guarded by sampler_mu
+  Mutex sampler_mu;
+  CondVar sampler_cv;
+  bool sampler_stop LARDER_GUARDED_BY(sampler_mu) = false;
   Fd cluster_lock;                           // without etcd, with a cluster id
   std::unique_ptr<DeferredGate> gate;        // with etcd
   std::unique_ptr<LeaderElection> election;  // with etcd; set before any thread reads it
-  std::mutex shutdown_mu;
-  bool shut_down = false;  // guarded by shutdown_mu
+  Mutex shutdown_mu;
+  bool shut_down LARDER_GUARDED_BY(shutdown_mu) = false;
 
   // The sampler thread: one sample now, then one every `interval` until stopped.
   void Sample(std::chrono::milliseconds interval) {
-    std::unique_lock lock(sampler_mu);
+    MutexLock lock(sampler_mu);
     while (!sampler_stop) {
-      lock.unlock();
+      lock.Unlock();
       const int64_t unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
@@ -149,8 +149,10 @@ struct MasterServer::Impl {
                                     std::chrono::steady_clock::now().time_since_epoch())
                                     .count();
       history.Record(SampleStatus(*state, unix_ms, steady_ns));
-      lock.lock();
-      sampler_cv.wait_for(lock, interval, [this] { return sampler_stop; });
+      lock.Lock();
+      const auto deadline = std::chrono::steady_clock::now() + interval;
+      while (!sampler_stop && sampler_cv.WaitUntil(lock, deadline)) {
+      }
     }
   }
 };
@@ -320,14 +322,14 @@ std::string MasterServer::address() const {
 }
 
 void MasterServer::Shutdown() {
-  std::lock_guard lock(impl_->shutdown_mu);
+  MutexLock lock(impl_->shutdown_mu);
   if (impl_->shut_down) return;
   impl_->shut_down = true;
   {
-    std::lock_guard sampler_lock(impl_->sampler_mu);
+    MutexLock sampler_lock(impl_->sampler_mu);
     impl_->sampler_stop = true;
   }
-  impl_->sampler_cv.notify_all();
+  impl_->sampler_cv.SignalAll();
   if (impl_->sampler.joinable()) impl_->sampler.join();
   if (impl_->http) {
     // httplib's stop() does nothing before the listening thread has started, which would then

@@ -11,6 +11,7 @@
 
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 
 namespace larder::master {
 
@@ -51,10 +52,10 @@ MasterState::MasterState(MasterOptions options)
 
 MasterState::~MasterState() {
   {
-    std::lock_guard lock(sweeper_mu_);
+    MutexLock lock(sweeper_mu_);
     stopping_ = true;
   }
-  sweeper_cv_.notify_all();
+  sweeper_cv_.SignalAll();
   if (sweeper_.joinable()) sweeper_.join();
 }
 
@@ -64,13 +65,15 @@ void MasterState::StartSweeper() {
 }
 
 void MasterState::SweeperLoop() {
-  std::unique_lock lock(sweeper_mu_);
+  MutexLock lock(sweeper_mu_);
   while (!stopping_) {
-    sweeper_cv_.wait_for(lock, options_.sweep_interval, [this] { return stopping_; });
+    const auto deadline = std::chrono::steady_clock::now() + options_.sweep_interval;
+    while (!stopping_ && sweeper_cv_.WaitUntil(lock, deadline)) {
+    }
     if (stopping_) break;
-    lock.unlock();
+    lock.Unlock();
     RunMaintenance();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -100,14 +103,14 @@ Status MasterState::UnknownClientError(const std::string& client_id) {
 }
 
 Result<MasterState::ClientRecord> MasterState::LookupClient(const std::string& client_id) {
-  std::lock_guard lock(clients_mu_);
+  MutexLock lock(clients_mu_);
   ClientRecord* client = TouchClientLocked(client_id);
   if (client == nullptr) return UnknownClientError(client_id);
   return *client;
 }
 
 Result<uint32_t> MasterState::LookupSlot(const std::string& client_id) {
-  std::lock_guard lock(clients_mu_);
+  MutexLock lock(clients_mu_);
   ClientRecord* client = TouchClientLocked(client_id);
   if (client == nullptr) return UnknownClientError(client_id);
   return client->slot;
@@ -207,7 +210,7 @@ std::vector<MountOutcome> MasterState::MountSegments(const MountCaller& caller,
   }
   uint32_t slot;
   {
-    std::lock_guard lock(clients_mu_);
+    MutexLock lock(clients_mu_);
     auto [it, inserted] = clients_.try_emplace(caller.client_id);
     if (inserted) {
       it->second.slot = next_client_slot_++;
@@ -237,7 +240,7 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
   }
   if (unregister) {
     {
-      std::lock_guard lock(clients_mu_);
+      MutexLock lock(clients_mu_);
       clients_.erase(client_id);
     }
     for (PoolSegmentId id : segments_.SegmentsOf(slot)) {
@@ -253,7 +256,7 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
 HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id, ClientTraffic* traffic) {
   HeartbeatOutcome outcome{.segments_version = segments_version_.load()};
   {
-    std::lock_guard lock(clients_mu_);
+    MutexLock lock(clients_mu_);
     auto it = clients_.find(client_id);
     if (it == clients_.end()) {
       outcome.remount_required = true;
@@ -269,19 +272,19 @@ HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id, ClientTraf
       }
       if (route.route.size() > kMaxTrafficLabelBytes) route.route.resize(kMaxTrafficLabelBytes);
     }
-    std::lock_guard lock(traffic_mu_);
+    MutexLock lock(traffic_mu_);
     traffic_[client_id] = std::move(*traffic);
   }
   return outcome;
 }
 
 std::vector<std::pair<std::string, ClientTraffic>> MasterState::Traffic() const {
-  std::lock_guard lock(traffic_mu_);
+  MutexLock lock(traffic_mu_);
   return {traffic_.begin(), traffic_.end()};
 }
 
 void MasterState::ForgetTraffic(const std::string& client_id) {
-  std::lock_guard lock(traffic_mu_);
+  MutexLock lock(traffic_mu_);
   traffic_.erase(client_id);
 }
 
@@ -373,7 +376,7 @@ void MasterState::MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t
     if (!ValidateKey(item.key).ok() || bytes_of(item) == 0) continue;
     const KeyRef ref(item.key);
     Shard& shard = ShardFor(ref);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     if (shard.Find(ref) == nullptr) needed = add(needed, bytes_of(item));
   }
   if (needed > free) EvictForPut(std::min(needed - free, usage.capacity));
@@ -403,7 +406,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
   // object needs and a little more (eviction_slack), so that the pool stays full.
   for (int round = 0;; ++round) {
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       std::optional<Result<std::vector<StoredReplica>>> placed;
       if (Object* object = shard.Find(ref); object != nullptr) {
         if (object->state == ObjectState::kProcessing) {
@@ -472,7 +475,7 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
     // sync away; the sweeper's headroom makes this rare): wait for ranges to come back.
     uint64_t seen;
     {
-      std::lock_guard lock(reclaim_mu_);
+      MutexLock lock(reclaim_mu_);
       seen = reclaimed_;
     }
     // Once it waits for held space, a put evicts again only when nothing is held any more: what
@@ -525,7 +528,7 @@ Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_i
       continue;
     }
     Shard& shard = ShardFor(ref);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     Object* object = shard.Find(ref);
     if (object == nullptr) {
       results[i] = NotFoundError("no put in progress for key " + QuoteKey(ref.key) +
@@ -575,7 +578,7 @@ Result<std::vector<Status>> MasterState::BatchPutRevoke(const std::string& clien
     std::vector<FreedReplica> freed;
     {
       Shard& shard = ShardFor(ref);
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       Object* object = shard.Find(ref);
       if (object == nullptr) {
         results[i] = NotFoundError("no put in progress for key " + QuoteKey(ref.key));
@@ -630,7 +633,7 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
       continue;
     }
     Shard& shard = ShardFor(ref);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     Object* object = shard.Find(ref);
     if (object == nullptr) {
       outcome.status = rebuilding ? RebuildingError(ref.key, rebuilding_until - now)
@@ -732,7 +735,7 @@ Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id
       continue;
     }
     Shard& shard = ShardFor(ref);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     Object* object = shard.Find(ref);
     if (object == nullptr || object->state != ObjectState::kComplete) {
       results[i] = NotFoundError("key " + QuoteKey(ref.key) + " not found");
@@ -756,7 +759,7 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
     }
     {
       Shard& shard = ShardFor(ref);
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       Object* object = shard.Find(ref);
       if (object == nullptr) {
         results[i] = NotFoundError("key " + QuoteKey(ref.key) + " not found");
@@ -807,22 +810,6 @@ Result<RemoveAllOutcome> MasterState::RemoveByRegex(const std::string& client_id
   });
 }
 
-namespace {
-
-bool HasReplicaOn(const Object& object, PoolSegmentId segment) {
-  for (const StoredReplica& replica : object.replicas()) {
-    if (replica.segment_id == segment) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-RemoveAllOutcome MasterState::RemoveByPrefix(std::string_view prefix, bool force) {
-  return RemoveWhere(std::nullopt, force,
-                     [prefix](std::string_view key) { return key.starts_with(prefix); });
-}
-
 RemoveAllOutcome MasterState::RemoveWhere(std::optional<std::string_view> tenant, bool force,
                                           absl::FunctionRef<bool(std::string_view)> match,
                                           PoolSegmentId on_segment) {
@@ -833,10 +820,10 @@ RemoveAllOutcome MasterState::RemoveWhere(std::optional<std::string_view> tenant
     std::vector<FreedReplica> freed, leased;
     int64_t leased_until = 0;
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       size_t removed = shard.EraseIf([&](const Object* object) {
         if (object->state != ObjectState::kComplete) return false;
-        if (on_segment != 0 && !HasReplicaOn(*object, on_segment)) return false;
+        if (on_segment != 0 && !object->HasReplicaOn(on_segment)) return false;
         std::optional<std::string_view> key =
             tenant ? KeyInTenant(object->key(), *tenant) : std::optional(object->key());
         if (!key.has_value() || !match(*key)) return false;
@@ -872,126 +859,19 @@ std::vector<MasterState::FreedReplica> MasterState::EraseLocked(Shard& shard, Ob
   return freed;
 }
 
-// ---- operators ----
-
-std::vector<SegmentView> MasterState::ListSegments(std::span<const PoolSegmentId> ids) const {
-  return segments_.List(ids);
-}
-
-Result<SegmentView> MasterState::SetDraining(const std::string& segment_name, bool draining) {
-  std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
-  if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
-  LARDER_RETURN_IF_ERROR(segments_.SetDraining(holder->segment_id, draining));
-  const PoolSegmentId id = holder->segment_id;
-  std::vector<SegmentView> views = segments_.List(std::span(&id, 1));
-  if (views.empty()) return NotFoundError("segment " + QuoteKey(segment_name) + " is gone");
-  return std::move(views.front());
-}
-
-Result<MasterState::SegmentObjects> MasterState::ListSegmentObjects(const std::string& segment_name,
-                                                                    size_t limit) const {
-  std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
-  if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
-  // The most recently used `limit`, kept bounded while the shards are walked: past 2 * limit,
-  // the list is cut back to the newest `limit`.
-  std::vector<std::pair<uint64_t, SegmentObject>> found;
-  SegmentObjects result;
-  auto newest_first = [](const auto& a, const auto& b) { return a.first > b.first; };
-  auto cut = [&] {
-    if (found.size() <= limit) return;
-    std::nth_element(found.begin(), found.begin() + static_cast<ptrdiff_t>(limit), found.end(),
-                     newest_first);
-    found.resize(limit);
-    result.truncated = true;
-  };
-  for (size_t s = 0; s < shard_count_; ++s) {
-    Shard& shard = shards_[s];
-    std::lock_guard lock(shard.mu);
-    for (const Object* object : shard.objects) {
-      if (object->state != ObjectState::kComplete || !HasReplicaOn(*object, holder->segment_id)) {
-        continue;
-      }
-      found.emplace_back(object->last_access,
-                         SegmentObject{std::string(object->key()), object->size,
-                                       object->replica_count, object->pinned});
-      if (found.size() >= 2 * limit) cut();
-    }
-  }
-  cut();
-  std::sort(found.begin(), found.end(), newest_first);
-  result.objects.reserve(found.size());
-  for (auto& [tick, object] : found) result.objects.push_back(std::move(object));
-  return result;
-}
-
-Result<RemoveAllOutcome> MasterState::RemoveOnSegment(const std::string& segment_name, bool force) {
-  std::optional<SegmentTable::NameHolder> holder = segments_.FindByName(segment_name);
-  if (!holder) return NotFoundError("no segment named " + QuoteKey(segment_name) + " is mounted");
-  const PoolSegmentId id = holder->segment_id;
-  std::vector<SegmentView> views = segments_.List(std::span(&id, 1));
-  if (views.empty() || !views.front().draining) {
-    return FailedPreconditionError("segment " + QuoteKey(segment_name) +
-                                   " is not draining: drain it first, so that no put lands there "
-                                   "meanwhile");
-  }
-  return RemoveWhere(
-      std::nullopt, force, [](std::string_view) { return true; }, id);
-}
-
-std::vector<std::pair<std::string, uint64_t>> MasterState::ListKeys(std::string_view prefix,
-                                                                    size_t limit) const {
-  std::vector<std::pair<std::string, uint64_t>> keys;
-  for (size_t s = 0; s < shard_count_; ++s) {
-    Shard& shard = shards_[s];
-    std::lock_guard lock(shard.mu);
-    for (const Object* object : shard.objects) {
-      if (object->state == ObjectState::kComplete && object->key().starts_with(prefix)) {
-        keys.emplace_back(std::string(object->key()), object->size);
-      }
-    }
-  }
-  std::sort(keys.begin(), keys.end());
-  if (keys.size() > limit) keys.resize(limit);
-  return keys;
-}
-
-std::vector<GetOutcome> MasterState::DescribeKeys(std::span<const std::string_view> keys) const {
-  std::vector<GetOutcome> items(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const KeyRef ref(keys[i]);
-    GetOutcome& outcome = items[i];
-    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
-      outcome.status = std::move(invalid);
-      continue;
-    }
-    Shard& shard = ShardFor(ref);
-    std::lock_guard lock(shard.mu);
-    const Object* object = shard.Find(ref);
-    if (object == nullptr || object->state != ObjectState::kComplete) {
-      outcome.status = NotFoundError("key " + QuoteKey(ref.key) + " not found");
-      continue;
-    }
-    outcome.size = object->size;
-    for (const StoredReplica& replica : object->replicas()) {
-      outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
-    }
-  }
-  return items;
-}
-
 MasterStats MasterState::Stats() const {
   MasterStats stats;
   SegmentTable::Usage usage = segments_.usage();
   stats.objects = objects_.load(std::memory_order_relaxed);
   for (size_t s = 0; s < shard_count_; ++s) {
-    std::lock_guard lock(shards_[s].mu);
+    MutexLock lock(shards_[s].mu);
     stats.soft_pinned_objects += shards_[s].soft_pin_until.size();
   }
   stats.bytes_used = usage.used;
   stats.bytes_capacity = usage.capacity;
   stats.segments = usage.segments;
   {
-    std::lock_guard lock(clients_mu_);
+    MutexLock lock(clients_mu_);
     stats.clients = clients_.size();
   }
   stats.puts = counters_.puts.load();
@@ -1010,7 +890,7 @@ MasterStats MasterState::Stats() const {
   stats.eviction_runs = counters_.eviction_runs.load();
   stats.eviction_scanned = counters_.eviction_scanned.load();
   {
-    std::lock_guard lock(rate_mu_);
+    MutexLock lock(rate_mu_);
     if (eviction_samples_.size() >= 2) {
       const auto& [first_at, first] = eviction_samples_.front();
       const auto& [last_at, last] = eviction_samples_.back();

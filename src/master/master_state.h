@@ -5,11 +5,9 @@
 #include <absl/functional/function_ref.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "larder/status.h"
 #include "master/catalog_feed.h"
 #include "master/leases.h"
@@ -317,8 +316,7 @@ class MasterState {
   int64_t Now() const;
   Shard& ShardFor(const KeyRef& key) const;
   // The client's record, marked as seen now; nullptr when the master does not know it.
-  // REQUIRES: clients_mu_ held.
-  ClientRecord* TouchClientLocked(const std::string& client_id);
+  ClientRecord* TouchClientLocked(const std::string& client_id) LARDER_REQUIRES(clients_mu_);
   static Status UnknownClientError(const std::string& client_id);
   Result<ClientRecord> LookupClient(const std::string& client_id);
   // As LookupClient, without copying the record: the client's slot.
@@ -335,13 +333,12 @@ class MasterState {
                               int64_t soft_pin_ttl);
   // Takes a complete object out for an upsert or a forced removal: its replicas are freed at
   // once, or quarantined until its lease ends when a reader holds one.
-  // REQUIRES: shard.mu held.
-  void ReleaseLocked(Shard& shard, Object* object, int64_t now);
+  void ReleaseLocked(Shard& shard, Object* object, int64_t now) LARDER_REQUIRES(shard.mu);
   // Before a batch of puts into a nearly full pool: evicts at once what its new keys need beyond
   // the free space, rather than once per key.
   void MakeRoomForBatch(std::span<const PutStartItem> items, uint32_t replicas);
   // Removes the object from the shard (and its list); returns the replicas to free.
-  std::vector<FreedReplica> EraseLocked(Shard& shard, Object* object);
+  std::vector<FreedReplica> EraseLocked(Shard& shard, Object* object) LARDER_REQUIRES(shard.mu);
   // Keeps the ranges out of use until `release_at` (master clock, ns) at least: they are freed by
   // the first sweep at or after it that finds every earlier quarantined range released too.
   void Quarantine(std::vector<FreedReplica> replicas, int64_t release_at);
@@ -414,26 +411,28 @@ class MasterState {
   CatalogFeed feed_;
   const int64_t started_;  // master clock (ns) at construction
 
-  mutable std::mutex clients_mu_;
-  std::unordered_map<std::string, ClientRecord> clients_;  // guarded by clients_mu_
-  // By segment name; pruned by the sweeper once old. Guarded by clients_mu_.
-  std::unordered_map<std::string, NameClaim> claims_;
+  mutable Mutex clients_mu_;
+  std::unordered_map<std::string, ClientRecord> clients_ LARDER_GUARDED_BY(clients_mu_);
+  // By segment name; pruned by the sweeper once old.
+  std::unordered_map<std::string, NameClaim> claims_ LARDER_GUARDED_BY(clients_mu_);
   std::atomic<uint64_t> segments_version_{1};
 
-  mutable std::mutex traffic_mu_;
-  std::map<std::string, ClientTraffic> traffic_;  // of live clients, guarded by traffic_mu_
-  void ForgetTraffic(const std::string& client_id);
-  uint32_t next_client_slot_ = 1;  // guarded by clients_mu_
+  mutable Mutex traffic_mu_;
+  // Of live clients.
+  std::map<std::string, ClientTraffic> traffic_ LARDER_GUARDED_BY(traffic_mu_);
+  void ForgetTraffic(const std::string& client_id) LARDER_EXCLUDES(traffic_mu_);
+  uint32_t next_client_slot_ LARDER_GUARDED_BY(clients_mu_) = 1;
 
-  std::mutex quarantine_mu_;
-  std::deque<QuarantinedRanges> quarantine_;  // guarded by quarantine_mu_
+  Mutex quarantine_mu_;
+  std::deque<QuarantinedRanges> quarantine_ LARDER_GUARDED_BY(quarantine_mu_);
 
-  std::mutex evict_mu_;  // one evictor at a time, so two never pick the same victims
+  Mutex evict_mu_;  // one evictor at a time, so two never pick the same victims
 
   // Puts that found the pool full while ranges were held for their owners wait here for them.
-  std::mutex reclaim_mu_;
-  std::condition_variable reclaim_cv_;
-  uint64_t reclaimed_ = 0;  // guarded by reclaim_mu_: how many times held ranges were freed
+  Mutex reclaim_mu_;
+  CondVar reclaim_cv_;
+  // How many times held ranges were freed.
+  uint64_t reclaimed_ LARDER_GUARDED_BY(reclaim_mu_) = 0;
 
   // Declared after shards_, so destroyed before them: its leases end while their objects exist.
   LeaseTable leases_;
@@ -442,12 +441,12 @@ class MasterState {
 
   // The recovery window's end (master clock, ns); 0: never opened. Opened under recovery_mu_,
   // read without it.
-  std::mutex recovery_mu_;
+  Mutex recovery_mu_;
   std::atomic<int64_t> rebuilding_until_{0};
   std::atomic<bool> conflicted_keys_{false};  // some shard has conflicted_keys to forget
 
-  std::mutex sweep_mu_;
-  int64_t last_sweep_;  // master clock (ns) of the previous sweep; guarded by sweep_mu_
+  Mutex sweep_mu_;
+  int64_t last_sweep_ LARDER_GUARDED_BY(sweep_mu_);  // master clock (ns) of the previous sweep
 
   std::atomic<uint64_t> tick_{0};
   std::atomic<uint64_t> objects_{0};
@@ -461,18 +460,18 @@ class MasterState {
   mutable Counters counters_;
 
   // (master clock, evictions so far), one sample per sweep over the last kRateWindow.
-  mutable std::mutex rate_mu_;
-  std::deque<std::pair<int64_t, uint64_t>> eviction_samples_;  // guarded by rate_mu_
+  mutable Mutex rate_mu_;
+  std::deque<std::pair<int64_t, uint64_t>> eviction_samples_ LARDER_GUARDED_BY(rate_mu_);
   // The put rate EvictForHeadroom follows: bytes per second, smoothed, from the put_bytes counter
   // read at put_rate_at_.
-  double put_rate_ = 0;          // guarded by rate_mu_
-  int64_t put_rate_at_ = 0;      // guarded by rate_mu_
-  uint64_t put_rate_bytes_ = 0;  // guarded by rate_mu_
+  double put_rate_ LARDER_GUARDED_BY(rate_mu_) = 0;
+  int64_t put_rate_at_ LARDER_GUARDED_BY(rate_mu_) = 0;
+  uint64_t put_rate_bytes_ LARDER_GUARDED_BY(rate_mu_) = 0;
   void SampleRates(int64_t now);
 
-  std::mutex sweeper_mu_;
-  std::condition_variable sweeper_cv_;
-  bool stopping_ = false;  // guarded by sweeper_mu_
+  Mutex sweeper_mu_;
+  CondVar sweeper_cv_;
+  bool stopping_ LARDER_GUARDED_BY(sweeper_mu_) = false;
   std::thread sweeper_;
 };
 

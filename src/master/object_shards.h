@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <queue>
 #include <span>
 #include <string>
@@ -25,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "master/segment_table.h"
 
 namespace larder::master {
@@ -117,6 +117,12 @@ struct Object {
     return {reinterpret_cast<const char*>(replica_array() + replica_count), key_size};
   }
   std::span<const StoredReplica> replicas() const { return {replica_array(), replica_count}; }
+  bool HasReplicaOn(PoolSegmentId segment) const {
+    for (const StoredReplica& replica : replicas()) {
+      if (replica.segment_id == segment) return true;
+    }
+    return false;
+  }
   // Removes the replicas for which `drop(replica)` is true, keeping the others in order. The key
   // is moved down with them, so key() stays valid.
   template <typename Pred>
@@ -170,8 +176,10 @@ struct ObjectListEnds {
   Object* oldest = nullptr;
 };
 
-// One lock's worth of objects. Everything in a Shard is guarded by `mu`, except each object's
-// `holds`. The shard owns its objects: Erase and the destructor retire them (Object::Retire).
+// One lock's worth of objects. Everything in a Shard is guarded by `mu` (and the fields of its
+// objects, which the analysis cannot name: an object does not know its shard), except each
+// object's `holds`. The shard owns its objects: Erase and the destructor retire them
+// (Object::Retire).
 //
 // Soft pins live beside the objects, not in their header (which every object pays for, and
 // which is full): a complete soft-pinned object is on the `soft_pinned` list and has its deadline
@@ -186,75 +194,75 @@ struct Shard {
   Shard& operator=(const Shard&) = delete;
   ~Shard();
 
-  std::mutex mu;
-  ObjectSet objects;
-  ObjectListEnds lru;
-  ObjectListEnds processing;
-  ObjectListEnds soft_pinned;
+  Mutex mu;
+  ObjectSet objects LARDER_GUARDED_BY(mu);
+  ObjectListEnds lru LARDER_GUARDED_BY(mu);
+  ObjectListEnds processing LARDER_GUARDED_BY(mu);
+  ObjectListEnds soft_pinned LARDER_GUARDED_BY(mu);
   // Deadline (master clock, ns) of each object on `soft_pinned`.
-  absl::flat_hash_map<Object*, int64_t> soft_pin_until;
+  absl::flat_hash_map<Object*, int64_t> soft_pin_until LARDER_GUARDED_BY(mu);
   // Of the puts in progress that will soft-pin their object when they end.
-  absl::flat_hash_map<Object*, StagedSoftPin> staged_soft_pins;
+  absl::flat_hash_map<Object*, StagedSoftPin> staged_soft_pins LARDER_GUARDED_BY(mu);
   // Keys whose objects two catalogs reported with different sizes during the master's recovery
   // window: entries for them are refused until it ends (MasterState::MountSegments).
-  absl::flat_hash_set<std::string> conflicted_keys;
+  absl::flat_hash_set<std::string> conflicted_keys LARDER_GUARDED_BY(mu);
 
   // The object stored under `ref`, or nullptr.
-  Object* Find(const KeyRef& ref) const {
+  Object* Find(const KeyRef& ref) const LARDER_REQUIRES(mu) {
     auto it = objects.find(ref);
     return it == objects.end() ? nullptr : *it;
   }
   // Creates and indexes a new object. REQUIRES: Find(ref) == nullptr.
-  Object* Insert(const KeyRef& ref, std::span<const StoredReplica> replicas);
+  Object* Insert(const KeyRef& ref, std::span<const StoredReplica> replicas) LARDER_REQUIRES(mu);
   // Takes the object off its list, out of the index and out of the soft-pin tables, and retires
   // it: destroyed now, or when its last lease ends.
-  void Erase(Object* object);
+  void Erase(Object* object) LARDER_REQUIRES(mu);
   // Erases (as Erase) every object for which `pred(object)` is true; returns how many.
   template <typename Pred>
-  size_t EraseIf(Pred pred);
+  size_t EraseIf(Pred pred) LARDER_REQUIRES(mu);
 
   // Puts `object` at the new end of `list`, taking it off the list it was on.
-  void Link(Object* object, ObjectList list);
+  void Link(Object* object, ObjectList list) LARDER_REQUIRES(mu);
   // Puts `object` on `list` where its last_access keeps the list ordered by last_access, taking
   // it off the list it was on. Costs the distance to the nearer end of the list.
-  void LinkInOrder(Object* object, ObjectList list);
+  void LinkInOrder(Object* object, ObjectList list) LARDER_REQUIRES(mu);
   // Puts each of `sorted` (on no list, in ascending last_access order) on `list` where its
   // last_access keeps the list ordered, in one walk of the list from its old end. Ties go after
   // the objects already there.
-  void MergeInOrder(std::span<Object* const> sorted, ObjectList list);
+  void MergeInOrder(std::span<Object* const> sorted, ObjectList list) LARDER_REQUIRES(mu);
   // Takes `object` off its list, if any.
-  void Unlink(Object* object);
+  void Unlink(Object* object) LARDER_REQUIRES(mu);
   // Replaces a complete object by a copy with `replica` added: same key, size, pins, list
   // position and soft-pin deadline. The old object is retired (as by Erase). Returns the copy.
   // REQUIRES: the object is indexed, complete, has fewer than kMaxReplicas replicas, and no
   // reader holds an unexpired lease on it (a lease holds the old object, not the copy).
-  Object* AddReplica(Object* object, const StoredReplica& replica);
+  Object* AddReplica(Object* object, const StoredReplica& replica) LARDER_REQUIRES(mu);
   // Marks a use: newest on its LRU list (kLru or kSoftPinned), if it is on one.
-  void LruTouch(Object* object, uint64_t tick) {
+  void LruTouch(Object* object, uint64_t tick) LARDER_REQUIRES(mu) {
     object->last_access = tick;
     if (object->list == ObjectList::kLru || object->list == ObjectList::kSoftPinned) {
       Link(object, object->list);
     }
   }
   // The ends of `list`. REQUIRES: list != ObjectList::kNone (which is no list).
-  ObjectListEnds& Ends(ObjectList list);
+  ObjectListEnds& Ends(ObjectList list) LARDER_REQUIRES(mu);
 
   // Soft-pins the object until `until` (master clock, ns), replacing any earlier deadline, and
   // moves it onto `soft_pinned`. REQUIRES: the object is complete and not hard-pinned.
-  void SetSoftPin(Object* object, int64_t until);
+  void SetSoftPin(Object* object, int64_t until) LARDER_REQUIRES(mu);
   // Ends the object's soft pin, if it has one: it goes back onto the LRU list, in tick order.
-  void ClearSoftPin(Object* object);
+  void ClearSoftPin(Object* object) LARDER_REQUIRES(mu);
   // The deadline of the object's soft pin; 0 when it has none.
-  int64_t SoftPinUntil(Object* object) const {
+  int64_t SoftPinUntil(Object* object) const LARDER_REQUIRES(mu) {
     auto it = soft_pin_until.find(object);
     return it == soft_pin_until.end() ? 0 : it->second;
   }
   // Ends (as ClearSoftPin) every soft pin whose deadline is at or before `now`; returns how many.
-  size_t ExpireSoftPins(int64_t now);
+  size_t ExpireSoftPins(int64_t now) LARDER_REQUIRES(mu);
 
  private:
   // Drops the object's entries in the soft-pin tables.
-  void ForgetSoftPin(Object* object) {
+  void ForgetSoftPin(Object* object) LARDER_REQUIRES(mu) {
     if (!soft_pin_until.empty()) soft_pin_until.erase(object);
     if (!staged_soft_pins.empty()) staged_soft_pins.erase(object);
   }
@@ -264,7 +272,8 @@ struct Shard {
   // up; its pointer is only compared, never followed, so a destroyed object's entry is harmless.
   // Rebuilt from soft_pin_until when stale entries outnumber live ones.
   using Deadline = std::pair<int64_t, Object*>;
-  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> soft_pin_expiry_;
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> soft_pin_expiry_
+      LARDER_GUARDED_BY(mu);
 };
 
 template <typename Pred>

@@ -52,6 +52,7 @@ TEST(ObjectTest, ErasingReplicasKeepsTheKeyAndTheOthersInOrder) {
 
 TEST(ShardTest, FindsWhatWasInsertedAndNothingElse) {
   Shard shard;
+  MutexLock lock(shard.mu);  // what every caller of a Shard holds
   const int n = 20000;
   for (int i = 0; i < n; ++i) {
     std::string key = "key/" + std::to_string(i);
@@ -76,6 +77,7 @@ TEST(ShardTest, FindsWhatWasInsertedAndNothingElse) {
 
 TEST(ShardTest, EraseKeepsTheListAndIndexConsistent) {
   Shard shard;
+  MutexLock lock(shard.mu);  // what every caller of a Shard holds
   std::vector<std::string> keys;
   for (int i = 0; i < 1000; ++i) {
     keys.push_back("k" + std::to_string(i));
@@ -109,6 +111,7 @@ TEST(ShardTest, EraseKeepsTheListAndIndexConsistent) {
 
 TEST(ShardTest, LruTouchMovesAnObjectToTheNewEnd) {
   Shard shard;
+  MutexLock lock(shard.mu);  // what every caller of a Shard holds
   Object* a = shard.Insert(KeyRef("a"), Replicas(1));
   Object* b = shard.Insert(KeyRef("b"), Replicas(1));
   Object* pinned = shard.Insert(KeyRef("p"), Replicas(1));
@@ -126,7 +129,7 @@ TEST(ShardTest, LruTouchMovesAnObjectToTheNewEnd) {
 }
 
 // The keys on `list`, oldest first.
-std::vector<std::string> Walk(Shard& shard, ObjectList list) {
+std::vector<std::string> Walk(Shard& shard, ObjectList list) LARDER_REQUIRES(shard.mu) {
   std::vector<std::string> keys;
   for (Object* object = shard.Ends(list).oldest; object != nullptr; object = object->newer) {
     keys.emplace_back(object->key());
@@ -136,6 +139,7 @@ std::vector<std::string> Walk(Shard& shard, ObjectList list) {
 
 TEST(ShardTest, LinkInOrderKeepsTheListOrderedByLastAccess) {
   Shard shard;
+  MutexLock lock(shard.mu);  // what every caller of a Shard holds
   for (int tick : {10, 20, 30, 40, 50}) {
     Object* object = shard.Insert(KeyRef("k" + std::to_string(tick)), Replicas(1));
     object->last_access = static_cast<uint64_t>(tick);
@@ -160,6 +164,7 @@ TEST(ShardTest, LinkInOrderKeepsTheListOrderedByLastAccess) {
 
 TEST(ShardTest, SoftPinsMoveObjectsBetweenListsAndExpireInDeadlineOrder) {
   Shard shard;
+  MutexLock lock(shard.mu);  // what every caller of a Shard holds
   std::vector<Object*> objects;
   for (int i = 0; i < 4; ++i) {
     Object* object = shard.Insert(KeyRef("k" + std::to_string(i)), Replicas(1));

@@ -14,6 +14,7 @@
 
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "master/master_state.h"
 
 namespace larder::master {
@@ -186,7 +187,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
   }
   outcome.segment_id = *mounted;
   {
-    std::lock_guard lock(clients_mu_);
+    MutexLock lock(clients_mu_);
     claims_.erase(mount.name);
   }
   if (own_catalog) {
@@ -212,7 +213,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
 bool MasterState::MayTakeOver(const MountCaller& caller, const SegmentTable::NameHolder& holder,
                               const std::string& name, MountOutcome* refusal) {
   const int64_t now = Now();
-  std::lock_guard lock(clients_mu_);
+  MutexLock lock(clients_mu_);
   auto it = clients_.find(holder.client_id);
   // No longer registered: it expired a moment ago, and its segment is going.
   if (it == clients_.end() || it->second.slot != holder.client_slot) return true;
@@ -300,7 +301,7 @@ CatalogRecovery MasterState::RebuildObjects(PoolSegmentId segment, uint32_t slot
     refused.clear();
     uint64_t created = 0;
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       shard.objects.reserve(shard.objects.size() + run_order.size());
       for (size_t k = 0; k < run_order.size(); ++k) {
         if (k + 4 < run_order.size()) {
@@ -388,7 +389,7 @@ CatalogRecovery MasterState::RebuildObjects(PoolSegmentId segment, uint32_t slot
 }
 
 void MasterState::OpenRecoveryWindow(int64_t now) {
-  std::lock_guard lock(recovery_mu_);
+  MutexLock lock(recovery_mu_);
   if (now < rebuilding_until_.load()) return;
   const int64_t ttl = ToNanos(options_.client_ttl);
   const int64_t until = now < started_ + ttl ? started_ + ttl : now + ttl;
@@ -402,12 +403,12 @@ void MasterState::OpenRecoveryWindow(int64_t now) {
 void MasterState::EndRecoveryWindow(int64_t now) {
   if (!conflicted_keys_.load(std::memory_order_relaxed)) return;
   {
-    std::lock_guard lock(recovery_mu_);
+    MutexLock lock(recovery_mu_);
     if (now < rebuilding_until_.load()) return;
     conflicted_keys_.store(false);
   }
   for (size_t s = 0; s < shard_count_; ++s) {
-    std::lock_guard lock(shards_[s].mu);
+    MutexLock lock(shards_[s].mu);
     shards_[s].conflicted_keys.clear();
   }
 }
@@ -454,7 +455,7 @@ void MasterState::LogRemovedLocked(const Object* object, std::vector<FreedReplic
 
 void MasterState::SnapshotShard(PoolSegmentId segment, size_t shard_index) {
   Shard& shard = shards_[shard_index];
-  std::lock_guard lock(shard.mu);
+  MutexLock lock(shard.mu);
   for (Object* object : shard.objects) {
     if (object->state != ObjectState::kComplete) continue;
     for (const StoredReplica& replica : object->replicas()) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/env.h"
+#include "common/mutex.h"
 #include "master/placement.h"
 
 namespace larder::master {
@@ -55,7 +56,7 @@ Result<PoolSegmentId> SegmentTable::Mount(uint32_t client_slot, const std::strin
   for (const ByteRange& range : prepare.reserve) {
     reserved.push_back(segment->allocator.Reserve(range.offset, range.size));
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (capacity_ + mount.size > kMaxPoolBytes) {
     return ResourceExhaustedError("mounting segment " + QuoteKey(mount.name) +
                                   " would take the pool past " + FormatByteSize(kMaxPoolBytes));
@@ -84,7 +85,7 @@ Result<PoolSegmentId> SegmentTable::Mount(uint32_t client_slot, const std::strin
 }
 
 Status SegmentTable::Unmount(PoolSegmentId id, uint32_t client_slot) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = segments_.find(id);
   if (it == segments_.end()) return NotFoundError("segment " + std::to_string(id) + " is unknown");
   if (it->second->client_slot != client_slot) {
@@ -101,7 +102,7 @@ Status SegmentTable::Unmount(PoolSegmentId id, uint32_t client_slot) {
 }
 
 std::optional<SegmentTable::NameHolder> SegmentTable::FindByName(const std::string& name) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return std::nullopt;
   const Segment& segment = *segments_.at(it->second);
@@ -109,7 +110,7 @@ std::optional<SegmentTable::NameHolder> SegmentTable::FindByName(const std::stri
 }
 
 std::vector<PoolSegmentId> SegmentTable::SegmentsOf(uint32_t client_slot) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<PoolSegmentId> ids;
   for (const auto& [id, segment] : segments_) {
     if (segment->client_slot == client_slot) ids.push_back(id);
@@ -118,7 +119,7 @@ std::vector<PoolSegmentId> SegmentTable::SegmentsOf(uint32_t client_slot) const 
 }
 
 Status SegmentTable::SetDraining(PoolSegmentId id, bool draining) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = segments_.find(id);
   if (it == segments_.end())
     return NotFoundError("segment " + std::to_string(id) + " is not mounted");
@@ -130,7 +131,7 @@ SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t wr
                                           const std::string& writer_host) const {
   Plan plan;
   plan.replicas = std::max<uint32_t>(options.replica_num, 1);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<PoolSegmentId> ids;
   std::vector<PlacementCandidate> candidates;
   ids.reserve(segments_.size());
@@ -157,7 +158,7 @@ SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t wr
 }
 
 Result<std::vector<StoredReplica>> SegmentTable::Allocate(uint64_t size, const Plan& plan) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (segments_.empty()) return ResourceExhaustedError("no segment is mounted");
   if (size > largest_) {
     return InvalidArgumentError("value of " + std::to_string(size) +
@@ -186,7 +187,7 @@ Result<std::vector<StoredReplica>> SegmentTable::Allocate(uint64_t size, const P
 }
 
 void SegmentTable::Free(std::span<const StoredReplica> replicas) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const StoredReplica& replica : replicas) {
     auto it = segments_.find(replica.segment_id);
     if (it != segments_.end()) it->second->allocator.Free(replica.handle);
@@ -194,7 +195,7 @@ void SegmentTable::Free(std::span<const StoredReplica> replicas) {
 }
 
 SegmentTable::Usage SegmentTable::usage() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Usage usage;
   usage.capacity = capacity_;
   usage.segments = segments_.size();
@@ -210,7 +211,7 @@ SegmentView SegmentTable::ViewOf(const Segment& segment) const {
 }
 
 std::vector<SegmentView> SegmentTable::List(std::span<const PoolSegmentId> ids) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<SegmentView> views;
   if (ids.empty()) {
     for (const auto& [id, segment] : segments_) views.push_back(ViewOf(*segment));

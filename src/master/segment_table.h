@@ -4,13 +4,13 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "larder/status.h"
 #include "master/offset_allocator.h"
 #include "master/types.h"
@@ -117,12 +117,12 @@ class SegmentTable {
 
   const uint64_t alignment_;
   const PlacementStrategy strategy_;
-  mutable std::mutex mu_;
-  uint64_t next_id_;                                                      // guarded by mu_
-  std::unordered_map<PoolSegmentId, std::unique_ptr<Segment>> segments_;  // guarded by mu_
-  std::unordered_map<std::string, PoolSegmentId> by_name_;                // guarded by mu_
-  uint64_t capacity_ = 0;                                                 // guarded by mu_
-  uint64_t largest_ = 0;                                                  // guarded by mu_
+  mutable Mutex mu_;
+  uint64_t next_id_ LARDER_GUARDED_BY(mu_);
+  std::unordered_map<PoolSegmentId, std::unique_ptr<Segment>> segments_ LARDER_GUARDED_BY(mu_);
+  std::unordered_map<std::string, PoolSegmentId> by_name_ LARDER_GUARDED_BY(mu_);
+  uint64_t capacity_ LARDER_GUARDED_BY(mu_) = 0;
+  uint64_t largest_ LARDER_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace larder::master

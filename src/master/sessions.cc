@@ -3,6 +3,7 @@
 #include "master/sessions.h"
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/net.h"
 
 namespace larder::master {
@@ -22,7 +23,7 @@ std::string SessionTable::NewChallenge() {
   std::string nonce(control_auth::kNonceBytes, '\0');
   RandomBytes(reinterpret_cast<uint8_t*>(nonce.data()), nonce.size());
   Clock::time_point now = options_.clock();
-  std::lock_guard lock(challenges_mu_);
+  MutexLock lock(challenges_mu_);
   ForgetChallengesLocked(now);
   while (challenge_order_.size() >= options_.max_challenges) {
     challenges_.erase(challenge_order_.front());
@@ -58,7 +59,7 @@ Result<SessionTable::Opened> SessionTable::Open(std::string_view client_id,
   }
   {
     // A challenge is good for one attempt, right or wrong.
-    std::lock_guard lock(challenges_mu_);
+    MutexLock lock(challenges_mu_);
     auto it = challenges_.find(std::string(server_nonce));
     if (it == challenges_.end() || it->second <= options_.clock()) {
       return UnauthenticatedError("unknown or expired challenge; ask for a new one");
@@ -86,14 +87,17 @@ Result<SessionTable::Opened> SessionTable::Open(std::string_view client_id,
   auto session = std::make_shared<Session>();
   session->client_id = std::string(client_id);
   session->admin = admin;
-  session->last_used = options_.clock();
+  {
+    MutexLock session_lock(session->mu);  // not shared yet; the lock is for the analysis
+    session->last_used = options_.clock();
+  }
   uint64_t id = RandomId();
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   auto existing = by_client_.find(session->client_id);
   if (existing != by_client_.end()) {
     auto old = sessions_.find(existing->second);
     if (old != sessions_.end()) {
-      std::lock_guard old_lock(old->second->mu);
+      MutexLock old_lock(old->second->mu);
       // A session no call used yet is one whose reply its client never got: replace it. One in
       // use belongs to a live client, whose id nobody else may take over.
       if (old->second->used) {
@@ -134,7 +138,7 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
   }
   std::shared_ptr<Session> session;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     auto it = sessions_.find(session_id);
     if (it != sessions_.end()) session = it->second;
   }
@@ -143,7 +147,7 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
   if (!DigestEqual(expected.data(), mac.data())) {
     return UnauthenticatedError("wrong proof for " + std::string(method));
   }
-  std::lock_guard lock(session->mu);
+  MutexLock lock(session->mu);
   if (sequence > session->max_sequence) {
     uint64_t shift = sequence - session->max_sequence;
     session->window = shift >= kWindow ? std::bitset<kWindow>() : session->window << shift;
@@ -163,7 +167,7 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
 }
 
 void SessionTable::CloseClient(std::string_view client_id) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   auto it = by_client_.find(std::string(client_id));
   if (it == by_client_.end()) return;
   sessions_.erase(it->second);
@@ -173,10 +177,10 @@ void SessionTable::CloseClient(std::string_view client_id) {
 void SessionTable::ExpireIdle() {
   Clock::time_point now = options_.clock();
   {
-    std::lock_guard lock(challenges_mu_);
+    MutexLock lock(challenges_mu_);
     ForgetChallengesLocked(now);
   }
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   CloseIdleLocked(now);
 }
 
@@ -184,7 +188,7 @@ void SessionTable::CloseIdleLocked(Clock::time_point now) {
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     bool idle;
     {
-      std::lock_guard session_lock(it->second->mu);
+      MutexLock session_lock(it->second->mu);
       idle = now - it->second->last_used > options_.session_idle_ttl;
     }
     if (idle) {
@@ -197,7 +201,7 @@ void SessionTable::CloseIdleLocked(Clock::time_point now) {
 }
 
 size_t SessionTable::size() const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   return sessions_.size();
 }
 

@@ -12,13 +12,12 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
 #include "common/control_auth.h"
+#include "common/mutex.h"
 #include "larder/status.h"
 #include "master/types.h"
 
@@ -96,24 +95,24 @@ class SessionTable {
     std::string client_id;
     std::string key;
     bool admin = false;
-    std::mutex mu;
-    Clock::time_point last_used;  // guarded by mu
-    bool used = false;            // guarded by mu: a call checked on it
-    uint64_t max_sequence = 0;    // guarded by mu
-    std::bitset<1024> window;     // guarded by mu: bit i = max_sequence - i was seen
+    Mutex mu;
+    Clock::time_point last_used LARDER_GUARDED_BY(mu);
+    bool used LARDER_GUARDED_BY(mu) = false;  // a call checked on it
+    uint64_t max_sequence LARDER_GUARDED_BY(mu) = 0;
+    std::bitset<1024> window LARDER_GUARDED_BY(mu);  // bit i = max_sequence - i was seen
   };
   static constexpr uint64_t kWindow = 1024;
 
-  void ForgetChallengesLocked(Clock::time_point now);
-  void CloseIdleLocked(Clock::time_point now);  // REQUIRES: mu_ held exclusively
+  void ForgetChallengesLocked(Clock::time_point now) LARDER_REQUIRES(challenges_mu_);
+  void CloseIdleLocked(Clock::time_point now) LARDER_REQUIRES(mu_);
 
   AuthOptions options_;
-  mutable std::shared_mutex mu_;
-  std::unordered_map<uint64_t, std::shared_ptr<Session>> sessions_;  // guarded by mu_
-  std::unordered_map<std::string, uint64_t> by_client_;              // guarded by mu_
-  std::mutex challenges_mu_;
-  std::unordered_map<std::string, Clock::time_point> challenges_;  // guarded by challenges_mu_
-  std::deque<std::string> challenge_order_;                        // guarded by challenges_mu_
+  mutable SharedMutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Session>> sessions_ LARDER_GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint64_t> by_client_ LARDER_GUARDED_BY(mu_);
+  Mutex challenges_mu_;
+  std::unordered_map<std::string, Clock::time_point> challenges_ LARDER_GUARDED_BY(challenges_mu_);
+  std::deque<std::string> challenge_order_ LARDER_GUARDED_BY(challenges_mu_);
 };
 
 }  // namespace larder::master

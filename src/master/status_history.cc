@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/mutex.h"
 #include "master/master_state.h"
 
 namespace larder::master {
@@ -73,14 +74,14 @@ StatusPoint Between(const StatusSample& before, const StatusSample& after) {
 StatusHistory::StatusHistory(size_t max_samples) : max_samples_(std::max<size_t>(max_samples, 2)) {}
 
 void StatusHistory::Record(StatusSample sample) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!samples_.empty() && sample.steady_ns <= samples_.back().steady_ns) return;
   samples_.push_back(std::move(sample));
   while (samples_.size() > max_samples_) samples_.pop_front();
 }
 
 std::vector<StatusPoint> StatusHistory::Points() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<StatusPoint> points;
   for (size_t i = 1; i < samples_.size(); ++i) {
     points.push_back(Between(samples_[i - 1], samples_[i]));
@@ -89,7 +90,7 @@ std::vector<StatusPoint> StatusHistory::Points() const {
 }
 
 std::optional<StatusPoint> StatusHistory::Latest() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (samples_.size() < 2) return std::nullopt;
   return Between(samples_[samples_.size() - 2], samples_.back());
 }

@@ -9,11 +9,12 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace larder::master {
 
@@ -60,8 +61,8 @@ class StatusHistory {
 
  private:
   const size_t max_samples_;
-  mutable std::mutex mu_;
-  std::deque<StatusSample> samples_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::deque<StatusSample> samples_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace larder::master

@@ -8,11 +8,11 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <mutex>
 
 #include "client/store_client_internal.h"
 #include "common/env.h"
 #include "common/memory.h"
+#include "common/mutex.h"
 #include "larder/standalone.h"
 #include "standalone/channel.h"
 
@@ -73,7 +73,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
 
   ~AttachedStoreClientImpl() override {
     channel_.reset();  // the daemon releases its mappings; ours go below
-    std::lock_guard lock(regions_mu_);
+    MutexLock lock(regions_mu_);
     regions_.clear();
   }
 
@@ -123,7 +123,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   Status FreeShared(void* ptr) override {
     std::shared_ptr<MemoryRegion> memory;  // unmapped last, after the daemon let go of it
     {
-      std::lock_guard lock(regions_mu_);
+      MutexLock lock(regions_mu_);
       auto it = regions_.find(Address(ptr));
       if (it == regions_.end() || !it->second.memory) {
         return NotFoundError("FreeShared: " + FormatHex(Address(ptr)) +
@@ -154,7 +154,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   Status RegisterBuffer(void* ptr, size_t size) override {
     if (ptr == nullptr || size == 0) return InvalidArgumentError("RegisterBuffer: null or empty");
     const uint64_t begin = Address(ptr);
-    std::lock_guard lock(regions_mu_);
+    MutexLock lock(regions_mu_);
     if (!InsideShared(begin, size)) {
       return FailedPreconditionError(
           "RegisterBuffer: " + RangeText(ptr, size) +
@@ -171,7 +171,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
 
   Status UnregisterBuffer(void* ptr) override {
     {
-      std::lock_guard lock(regions_mu_);
+      MutexLock lock(regions_mu_);
       if (buffers_.erase(Address(ptr)) > 0) return Status::Ok();
       auto it = regions_.find(Address(ptr));
       if (it == regions_.end() || it->second.memory) {
@@ -204,7 +204,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
                                const PutConfig& config) override {
     if (keys.size() != values.size()) return std::vector<Status>(keys.size(), Mismatched());
     std::vector<Status> results(keys.size());
-    std::lock_guard lock(staging_mu_);
+    MutexLock lock(staging_mu_);
     // Rounds of values that fit in the staging area together.
     size_t next = 0;
     while (next < keys.size()) {
@@ -513,7 +513,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     if (Status limit = CheckBatch(keys.size()); !limit.ok()) {
       return std::vector<Status>(keys.size(), limit);
     }
-    std::lock_guard lock(staging_mu_);
+    MutexLock lock(staging_mu_);
     if (staging_size_ == 0) {
       return std::vector<Status>(
           keys.size(), InvalidArgumentError("the copying API is off: AttachOptions::staging_bytes "
@@ -574,13 +574,11 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     return (n + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
   }
 
-  // REQUIRES: regions_mu_ held.
-  bool InsideShared(uint64_t begin, uint64_t size) const {
+  bool InsideShared(uint64_t begin, uint64_t size) const LARDER_REQUIRES(regions_mu_) {
     return client::FindEnclosingRange(regions_, begin, size, RegionLength) != regions_.end();
   }
 
-  // REQUIRES: regions_mu_ held.
-  void EraseBuffersIn(uint64_t begin, uint64_t size) {
+  void EraseBuffersIn(uint64_t begin, uint64_t size) LARDER_REQUIRES(regions_mu_) {
     for (auto it = buffers_.lower_bound(begin); it != buffers_.end() && it->first < begin + size;) {
       it = buffers_.erase(it);
     }
@@ -592,7 +590,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     const uint64_t begin = Address(ptr);
     if (begin > UINT64_MAX - size) return InvalidArgumentError("RegisterSharedBuffer: wraps");
     {
-      std::lock_guard lock(regions_mu_);
+      MutexLock lock(regions_mu_);
       if (client::OverlapsRange(regions_, begin, size, RegionLength)) {
         return InvalidArgumentError("RegisterSharedBuffer: " + RangeText(ptr, size) +
                                     " overlaps memory shared before");
@@ -605,7 +603,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     Status status = Call(
         MessageType::kRegisterShared, request, [](WireReader*) {}, fd);
     if (!status.ok()) {
-      std::lock_guard lock(regions_mu_);
+      MutexLock lock(regions_mu_);
       regions_.erase(begin);
     }
     return status;
@@ -622,13 +620,15 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   standalone::HelloReply hello_;  // written by Init only
   std::unique_ptr<TransferEngine> engine_;
 
-  std::mutex regions_mu_;
-  std::map<uint64_t, SharedRegion> regions_;  // by address; guarded by regions_mu_
-  std::map<uint64_t, size_t> buffers_;        // RegisterBuffer ranges; guarded by regions_mu_
+  Mutex regions_mu_;
+  std::map<uint64_t, SharedRegion> regions_ LARDER_GUARDED_BY(regions_mu_);  // by address
+  // RegisterBuffer ranges.
+  std::map<uint64_t, size_t> buffers_ LARDER_GUARDED_BY(regions_mu_);
 
-  std::mutex staging_mu_;  // the copying API takes turns on the staging area
-  char* staging_ = nullptr;
-  uint64_t staging_size_ = 0;
+  Mutex staging_mu_;  // the copying API takes turns on the staging area
+  // Set by Init only; the area's bytes are guarded by staging_mu_.
+  char* staging_ LARDER_PT_GUARDED_BY(staging_mu_) = nullptr;
+  uint64_t staging_size_ = 0;  // set by Init only
 };
 
 }  // namespace

@@ -37,17 +37,17 @@ Status Channel::Gone(std::string_view why) const {
 }
 
 Status Channel::gone() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return gone_;
 }
 
 void Channel::MarkGone(const Status& why) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!gone_.ok()) return;
     gone_ = why;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   // Wakes the reader; the daemon sees the end and releases what this client shared.
   shutdown(fd_.get(), SHUT_RDWR);
 }
@@ -58,31 +58,34 @@ Result<std::string> Channel::Call(MessageType type, std::string_view payload, in
   Pending pending;
   pending.type = static_cast<uint16_t>(type);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!gone_.ok()) return gone_;
     pending_.emplace(id, &pending);
   }
   Status sent;
   {
-    std::lock_guard lock(send_mu_);
+    MutexLock lock(send_mu_);
     sent = SendFrame(fd_.get(), static_cast<uint16_t>(type), id, payload, pass_fd, deadline,
                      address_.display);
   }
   if (!sent.ok()) {
     // A daemon that refused us said why in a Goodbye before it closed, and the reader is about
     // to hand that over; the send error itself says less.
-    std::unique_lock lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return !gone_.ok(); });
+    MutexLock lock(mu_);
+    while (gone_.ok() && cv_.WaitUntil(lock, deadline)) {
+    }
     pending_.erase(id);
     if (!gone_.ok()) return gone_;
-    lock.unlock();
+    lock.Unlock();
     MarkGone(Gone(sent.message()));
     return gone();
   }
   bool timed_out = false;
   {
-    std::unique_lock lock(mu_);
-    timed_out = !cv_.wait_until(lock, deadline, [&] { return pending.done || !gone_.ok(); });
+    MutexLock lock(mu_);
+    while (!pending.done && gone_.ok() && cv_.WaitUntil(lock, deadline)) {
+    }
+    timed_out = !pending.done && gone_.ok();
     pending_.erase(id);
     if (pending.done) return std::move(pending.payload);
     if (!timed_out) return gone_;
@@ -126,7 +129,7 @@ void Channel::ReadLoop() {
     }
     bool mismatched = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto it = pending_.find(frame.header.request_id);
       if (it != pending_.end()) {
         mismatched = (it->second->type | kReplyBit) != type;
@@ -140,7 +143,7 @@ void Channel::ReadLoop() {
       MarkGone(Gone("it answered a request with a " + MessageTypeName(type) + " reply"));
       return;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

@@ -12,15 +12,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "larder/status.h"
 #include "standalone/frame_io.h"
@@ -57,17 +56,17 @@ class Channel {
   const Fd fd_;
   const std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> next_id_{1};
-  std::mutex send_mu_;  // one frame at a time on fd_
+  Mutex send_mu_;  // one frame at a time on fd_
 
   struct Pending {
     uint16_t type = 0;  // of the request
     bool done = false;
     std::string payload;
   };
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_map<uint64_t, Pending*> pending_;  // guarded by mu_
-  Status gone_;                                     // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::unordered_map<uint64_t, Pending*> pending_ LARDER_GUARDED_BY(mu_);
+  Status gone_ LARDER_GUARDED_BY(mu_);
   std::thread reader_;
 };
 

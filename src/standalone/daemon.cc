@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <vector>
 
 #include "common/logging.h"
@@ -21,19 +21,53 @@ namespace {
 // How long a Goodbye may take: it is a courtesy, never a reason to wait on a stalled client.
 constexpr std::chrono::milliseconds kGoodbyeTimeout{200};
 
+// std::timed_mutex with the annotations of common/mutex.h (which has no timed mutex): a Goodbye
+// waits for a connection's writer at most kGoodbyeTimeout.
+class LARDER_CAPABILITY("mutex") TimedMutex {
+ public:
+  TimedMutex() = default;
+  TimedMutex(const TimedMutex&) = delete;
+  TimedMutex& operator=(const TimedMutex&) = delete;
+
+  void Lock() LARDER_ACQUIRE() { mu_.lock(); }
+  void Unlock() LARDER_RELEASE() { mu_.unlock(); }
+  // True when it took the lock within `timeout`.
+  bool TryLockFor(std::chrono::milliseconds timeout) LARDER_TRY_ACQUIRE(true) {
+    return mu_.try_lock_for(timeout);
+  }
+
+ private:
+  std::timed_mutex mu_;
+};
+
+// Holds a TimedMutex for a scope.
+class LARDER_SCOPED_CAPABILITY TimedMutexLock {
+ public:
+  explicit TimedMutexLock(TimedMutex& mu) LARDER_ACQUIRE(mu) : mu_(mu) { mu_.Lock(); }
+  ~TimedMutexLock() LARDER_RELEASE() { mu_.Unlock(); }
+  TimedMutexLock(const TimedMutexLock&) = delete;
+  TimedMutexLock& operator=(const TimedMutexLock&) = delete;
+
+ private:
+  TimedMutex& mu_;
+};
+
 }  // namespace
 
 struct ClientDaemon::Connection {
   Fd fd;
   std::string peer;  // "pid P uid U"
   std::unique_ptr<Session> session;
-  std::timed_mutex write_mu;  // one frame at a time on fd
+  TimedMutex write_mu;  // one frame at a time on fd
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Frame> queue;           // requests read, not yet taken by a worker; guarded by mu
-  size_t busy = 0;                   // requests being served; guarded by mu
-  bool closing = false;              // the reader has ended; guarded by mu
+  Mutex mu;
+  CondVar cv;
+  // Requests read, not yet taken by a worker.
+  std::deque<Frame> queue LARDER_GUARDED_BY(mu);
+  // Requests being served.
+  size_t busy LARDER_GUARDED_BY(mu) = 0;
+  // The reader has ended.
+  bool closing LARDER_GUARDED_BY(mu) = false;
   std::vector<std::thread> workers;  // started and joined by the reader thread only
 
   std::thread reader;
@@ -79,19 +113,19 @@ void ClientDaemon::Stop() {
     if (!address_.abstract) unlink(address_.name.c_str());
     std::list<std::unique_ptr<Connection>> connections;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       connections.swap(connections_);
     }
     const Status going =
         UnavailableError("larder-client at " + address_.display + " is shutting down");
     for (auto& connection : connections) {
-      if (!connection->done && connection->write_mu.try_lock_for(kGoodbyeTimeout)) {
+      if (!connection->done && connection->write_mu.TryLockFor(kGoodbyeTimeout)) {
         WireWriter payload;
         payload.PutStatus(going);
         SendFrame(connection->fd.get(), static_cast<uint16_t>(MessageType::kGoodbye), 0,
                   payload.data(), -1, Clock::now() + kGoodbyeTimeout, connection->peer)
             .IgnoreError();
-        connection->write_mu.unlock();
+        connection->write_mu.Unlock();
       }
       // Wakes the reader (and fails sends of the workers), which then waits for the running
       // requests and releases the client's regions.
@@ -106,7 +140,7 @@ void ClientDaemon::Stop() {
 }
 
 size_t ClientDaemon::connections() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   size_t live = 0;
   for (const auto& connection : connections_) live += connection->done ? 0 : 1;
   return live;
@@ -115,7 +149,7 @@ size_t ClientDaemon::connections() const {
 void ClientDaemon::Reap() {
   std::list<std::unique_ptr<Connection>> finished;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = connections_.begin(); it != connections_.end();) {
       if ((*it)->done) {
         finished.push_back(std::move(*it));
@@ -191,7 +225,7 @@ void ClientDaemon::AcceptLoop() {
     session.max_in_flight = options_.max_in_flight;
     connection->session = std::make_unique<Session>(store_.get(), session, peer);
     Connection* raw = connection.get();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     connections_.push_back(std::move(connection));
     raw->reader = std::thread([this, raw] { Serve(raw); });
   }
@@ -200,10 +234,9 @@ void ClientDaemon::AcceptLoop() {
 namespace {
 
 // Sends a reply; a client that does not take it in time loses its connection.
-void SendReply(int fd, std::timed_mutex* write_mu, const FrameHeader& request,
-               const std::string& payload, std::chrono::milliseconds timeout,
-               const std::string& peer) {
-  std::lock_guard lock(*write_mu);
+void SendReply(int fd, TimedMutex* write_mu, const FrameHeader& request, const std::string& payload,
+               std::chrono::milliseconds timeout, const std::string& peer) {
+  TimedMutexLock lock(*write_mu);
   Status sent = SendFrame(fd, request.type | kReplyBit, request.request_id, payload, -1,
                           Clock::now() + timeout, peer);
   if (!sent.ok()) {
@@ -213,15 +246,15 @@ void SendReply(int fd, std::timed_mutex* write_mu, const FrameHeader& request,
   }
 }
 
-void SendGoodbye(int fd, std::timed_mutex* write_mu, const Status& why, const std::string& peer) {
+void SendGoodbye(int fd, TimedMutex* write_mu, const Status& why, const std::string& peer) {
   Log().warn("larder-client: closing the connection of {}: {}", peer, why.ToString());
-  if (!write_mu->try_lock_for(kGoodbyeTimeout)) return;
+  if (!write_mu->TryLockFor(kGoodbyeTimeout)) return;
   WireWriter payload;
   payload.PutStatus(why);
   SendFrame(fd, static_cast<uint16_t>(MessageType::kGoodbye), 0, payload.data(), -1,
             Clock::now() + kGoodbyeTimeout, peer)
       .IgnoreError();
-  write_mu->unlock();
+  write_mu->Unlock();
 }
 
 std::string ErrorReply(const Status& status) {
@@ -279,20 +312,20 @@ void ClientDaemon::Serve(Connection* c) {
       attached = true;
       continue;
     }
-    std::unique_lock lock(c->mu);
-    c->cv.wait(lock, [&] { return c->queue.size() + c->busy < options_.max_in_flight; });
+    MutexLock lock(c->mu);
+    while (c->queue.size() + c->busy >= options_.max_in_flight) c->cv.Wait(lock);
     c->queue.push_back(std::move(frame));
     if (c->workers.size() < options_.max_in_flight &&
         c->queue.size() + c->busy > c->workers.size()) {
       c->workers.emplace_back([this, c] { Work(c); });
     }
-    c->cv.notify_all();
+    c->cv.SignalAll();
   }
   {
-    std::lock_guard lock(c->mu);
+    MutexLock lock(c->mu);
     c->closing = true;
   }
-  c->cv.notify_all();
+  c->cv.SignalAll();
   for (std::thread& worker : c->workers) worker.join();
   shutdown(fd, SHUT_RDWR);
   const size_t regions = c->session->region_count();
@@ -302,19 +335,19 @@ void ClientDaemon::Serve(Connection* c) {
 }
 
 void ClientDaemon::Work(Connection* c) {
-  std::unique_lock lock(c->mu);
+  MutexLock lock(c->mu);
   for (;;) {
-    c->cv.wait(lock, [c] { return c->closing || !c->queue.empty(); });
+    while (!c->closing && c->queue.empty()) c->cv.Wait(lock);
     if (c->closing) return;  // requests still queued belong to a client that left
     Frame frame = std::move(c->queue.front());
     c->queue.pop_front();
     ++c->busy;
-    lock.unlock();
+    lock.Unlock();
     std::string reply = c->session->Handle(frame.header.type, frame.payload, std::move(frame.fd));
     SendReply(c->fd.get(), &c->write_mu, frame.header, reply, options_.frame_timeout, c->peer);
-    lock.lock();
+    lock.Lock();
     --c->busy;
-    c->cv.notify_all();
+    c->cv.SignalAll();
   }
 }
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "larder/status.h"
 #include "larder/store_client.h"
@@ -89,8 +90,8 @@ class ClientDaemon {
   std::atomic<bool> stopping_{false};
   std::once_flag stopped_;
 
-  mutable std::mutex mu_;
-  std::list<std::unique_ptr<Connection>> connections_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::list<std::unique_ptr<Connection>> connections_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace larder::standalone

@@ -45,17 +45,17 @@ Session::Session(StoreClient* store, SessionOptions options, std::string peer)
     : store_(store), options_(std::move(options)), peer_(std::move(peer)) {}
 
 Session::~Session() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   regions_.clear();
 }
 
 size_t Session::region_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return regions_.size();
 }
 
 Result<void*> Session::Translate(uint64_t address, uint64_t size, RegionPins* pins) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = client::FindEnclosingRange(regions_, address, size, MappingLength);
   if (it != regions_.end()) {
     pins->Add(it->second);
@@ -208,7 +208,7 @@ Status Session::RegisterShared(WireReader* in, Fd fd) {
                                 std::to_string(request.size));
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (regions_.size() >= options_.max_regions) {
       return ResourceExhaustedError("RegisterShared: this client has " +
                                     std::to_string(regions_.size()) +
@@ -229,7 +229,7 @@ Status Session::RegisterShared(WireReader* in, Fd fd) {
   }
   auto mapping =
       std::make_shared<SharedMapping>(store_, request.client_address, request.size, local);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // Checked again: another request of this client may have taken the range meanwhile.
   if (client::OverlapsRange(regions_, request.client_address, request.size, MappingLength) ||
       regions_.size() >= options_.max_regions) {
@@ -244,7 +244,7 @@ Status Session::UnregisterShared(WireReader* in) {
   uint64_t address = in->U64();
   LARDER_RETURN_IF_ERROR(in->Finish());
   std::shared_ptr<SharedMapping> removed;  // unmapped outside the lock, once no request uses it
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = regions_.find(address);
   if (it == regions_.end()) {
     return NotFoundError("UnregisterShared: no region of this client starts at " +

@@ -16,11 +16,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "larder/store_client.h"
 #include "standalone/protocol.h"
@@ -108,9 +108,9 @@ class Session {
   StoreClient* const store_;
   const SessionOptions options_;
   const std::string peer_;
-  mutable std::mutex mu_;
-  // By the client address of their first byte; never overlapping. Guarded by mu_.
-  std::map<uint64_t, std::shared_ptr<SharedMapping>> regions_;
+  mutable Mutex mu_;
+  // By the client address of their first byte; never overlapping.
+  std::map<uint64_t, std::shared_ptr<SharedMapping>> regions_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace larder::standalone

@@ -1,8 +1,6 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/batch.h"
 
-#include <mutex>
-
 namespace larder::transfer {
 
 void BatchState::Prepare(size_t n) {
@@ -44,7 +42,7 @@ Result<std::pair<BatchId, BatchState*>> BatchTable::Acquire() {
     index = cache_.index;
     state = slots_[index].load(std::memory_order_acquire);
   } else {
-    std::lock_guard lock(lock_);
+    SpinLockHolder lock(lock_);
     if (!free_.empty()) {
       index = free_.back();
       free_.pop_back();
@@ -95,7 +93,7 @@ Status BatchTable::Release(BatchId id) {
     cache_ = {table_id_, index};
     return Status();
   }
-  std::lock_guard lock(lock_);
+  SpinLockHolder lock(lock_);
   free_.push_back(index);
   return Status();
 }

@@ -5,12 +5,11 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "larder/status.h"
 #include "larder/transfer_engine.h"
 #include "transfer/transport.h"
@@ -47,23 +46,35 @@ struct BatchState {
   std::atomic<size_t> pending_requests{0};
   std::atomic<size_t> failed_requests{0};
   std::atomic<int> waiters{0};
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
 };
 
 // A tiny test-and-set lock for short critical sections on the submit path.
-class SpinLock {
+class LARDER_CAPABILITY("spin lock") SpinLock {
  public:
-  void lock() {
+  void lock() LARDER_ACQUIRE() {
     while (flag_.exchange(true, std::memory_order_acquire)) {
       while (flag_.load(std::memory_order_relaxed)) {
       }
     }
   }
-  void unlock() { flag_.store(false, std::memory_order_release); }
+  void unlock() LARDER_RELEASE() { flag_.store(false, std::memory_order_release); }
 
  private:
   std::atomic<bool> flag_{false};
+};
+
+// Holds a SpinLock for a scope (std::lock_guard, with the annotations the analysis needs).
+class LARDER_SCOPED_CAPABILITY SpinLockHolder {
+ public:
+  explicit SpinLockHolder(SpinLock& lock) LARDER_ACQUIRE(lock) : lock_(lock) { lock_.lock(); }
+  ~SpinLockHolder() LARDER_RELEASE() { lock_.unlock(); }
+  SpinLockHolder(const SpinLockHolder&) = delete;
+  SpinLockHolder& operator=(const SpinLockHolder&) = delete;
+
+ private:
+  SpinLock& lock_;
 };
 
 // Hands out batch slots; a BatchId is (generation << 32 | index + 1), so stale ids are detected.
@@ -93,8 +104,8 @@ class BatchTable {
   const uint64_t table_id_;
   std::unique_ptr<std::atomic<BatchState*>[]> slots_;  // written under lock_, read lock-free
   SpinLock lock_;
-  std::vector<std::unique_ptr<BatchState>> owned_;  // guarded by lock_
-  std::vector<uint32_t> free_;                      // guarded by lock_
+  std::vector<std::unique_ptr<BatchState>> owned_ LARDER_GUARDED_BY(lock_);
+  std::vector<uint32_t> free_ LARDER_GUARDED_BY(lock_);
 };
 
 }  // namespace larder::transfer

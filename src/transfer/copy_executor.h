@@ -11,10 +11,10 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/thread_pool.h"
 #include "transfer/transport.h"
 
@@ -48,17 +48,17 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
     uint64_t length;
   };
   struct Shared {
-    explicit Shared(CopyFn fn) : copy(std::move(fn)) {}
+    // `status` is sized here, before any thread can see it, where the analysis needs no lock.
+    Shared(CopyFn fn, size_t count) : copy(std::move(fn)), status(count) {}
     CopyFn copy;
     std::vector<Slice*> slices;
     std::unique_ptr<std::atomic<uint32_t>[]> stripes_left;
-    std::mutex mu;
-    std::vector<Status> status;  // guarded by mu
+    Mutex mu;
+    std::vector<Status> status LARDER_GUARDED_BY(mu);
   };
-  auto shared = std::make_shared<Shared>(std::move(copy));
+  auto shared = std::make_shared<Shared>(std::move(copy), slices.size());
   shared->slices.assign(slices.begin(), slices.end());
   shared->stripes_left = std::make_unique<std::atomic<uint32_t>[]>(slices.size());
-  shared->status.resize(slices.size());
 
   uint64_t stripe = std::max<uint64_t>(kMinStripeBytes, (total + workers - 1) / workers);
   std::vector<std::vector<Piece>> tasks(1);
@@ -83,13 +83,13 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
       Slice* s = shared->slices[p.slice];
       Status st = shared->copy(s, p.begin, p.length);
       if (!st.ok()) {
-        std::lock_guard lock(shared->mu);
+        MutexLock lock(shared->mu);
         if (shared->status[p.slice].ok()) shared->status[p.slice] = st;
       }
       if (shared->stripes_left[p.slice].fetch_sub(1, std::memory_order_acq_rel) == 1) {
         Status result;
         {
-          std::lock_guard lock(shared->mu);
+          MutexLock lock(shared->mu);
           result = shared->status[p.slice];
         }
         done->OnSliceDone(s, result);

@@ -9,13 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <map>
-#include <mutex>
-#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/net.h"
 #include "common/thread_pool.h"
 #include "transfer/batch.h"
@@ -60,7 +59,7 @@ struct OpenedSegment {
   };
   // routes[0] is the primary and is immutable after open; later entries are guarded by mu.
   std::vector<Route> routes;
-  std::mutex mu;
+  Mutex mu;
 };
 
 namespace {
@@ -147,7 +146,7 @@ class Engine final : public TransferEngine, public SliceCallback {
 
  private:
   std::shared_ptr<OpenedSegment> FindOpened(SegmentHandle handle) const {
-    std::shared_lock lock(opened_mu_);
+    ReaderLock lock(opened_mu_);
     auto it = opened_.find(handle);
     return it == opened_.end() ? nullptr : it->second;
   }
@@ -176,22 +175,24 @@ class Engine final : public TransferEngine, public SliceCallback {
   std::unique_ptr<wire::FrameServer> server_;
   bool check_local_registration_ = false;
 
-  mutable std::shared_mutex opened_mu_;
-  std::unordered_map<SegmentHandle, std::shared_ptr<OpenedSegment>> opened_;  // guarded
-  SegmentHandle next_handle_ = 1;                                             // guarded
+  mutable SharedMutex opened_mu_;
+  std::unordered_map<SegmentHandle, std::shared_ptr<OpenedSegment>> opened_
+      LARDER_GUARDED_BY(opened_mu_);
+  SegmentHandle next_handle_ LARDER_GUARDED_BY(opened_mu_) = 1;
   std::atomic<uint64_t> close_version_{0};  // bumped by every CloseSegment
 
-  mutable std::shared_mutex local_mu_;
-  std::map<uintptr_t, uint64_t> local_regions_;  // start -> length, guarded by local_mu_
+  mutable SharedMutex local_mu_;
+  std::map<uintptr_t, uint64_t> local_regions_ LARDER_GUARDED_BY(local_mu_);  // start -> length
 
   BatchTable batches_;
 
-  mutable std::mutex stats_mu_;
-  std::map<std::pair<std::string, RouteKind>, std::unique_ptr<PeerCounters>> counters_;  // guarded
+  mutable Mutex stats_mu_;
+  std::map<std::pair<std::string, RouteKind>, std::unique_ptr<PeerCounters>> counters_
+      LARDER_GUARDED_BY(stats_mu_);
 };
 
 PeerCounters* Engine::CountersFor(const SegmentDescriptor& descriptor, RouteKind route) {
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   auto& slot = counters_[{descriptor.engine_id, route}];
   if (!slot) {
     slot = std::make_unique<PeerCounters>();
@@ -206,7 +207,7 @@ PeerCounters* Engine::CountersFor(const SegmentDescriptor& descriptor, RouteKind
 EngineStats Engine::Stats() const {
   EngineStats stats;
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     for (const auto& [key, c] : counters_) {
       PeerTransferStats peer;
       peer.engine_id = c->engine_id;
@@ -361,7 +362,7 @@ Status Engine::RegisterLocalMemory(void* ptr, size_t size) {
     return InvalidArgumentError("local memory needs a pointer and size > 0");
   auto start = reinterpret_cast<uintptr_t>(ptr);
   if (start > UINTPTR_MAX - size) return InvalidArgumentError("local memory range overflows");
-  std::unique_lock lock(local_mu_);
+  WriterLock lock(local_mu_);
   auto next = local_regions_.lower_bound(start);
   if (next != local_regions_.end() && next->first < start + size) {
     return AlreadyExistsError("local memory overlaps a registration");
@@ -377,7 +378,7 @@ Status Engine::RegisterLocalMemory(void* ptr, size_t size) {
 }
 
 Status Engine::UnregisterLocalMemory(void* ptr) {
-  std::unique_lock lock(local_mu_);
+  WriterLock lock(local_mu_);
   auto it = local_regions_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == local_regions_.end())
     return NotFoundError("no local memory registered at that address");
@@ -388,7 +389,7 @@ Status Engine::UnregisterLocalMemory(void* ptr) {
 
 bool Engine::LocalRangeRegistered(const void* ptr, uint64_t length) const {
   auto start = reinterpret_cast<uintptr_t>(ptr);
-  std::shared_lock lock(local_mu_);
+  ReaderLock lock(local_mu_);
   auto it = local_regions_.upper_bound(start);
   if (it == local_regions_.begin()) return false;
   --it;
@@ -431,7 +432,7 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
     return NotFoundError("no enabled route reaches segment '" + descriptor.name + "' of engine " +
                          descriptor.engine_id);
   }
-  std::unique_lock lock(opened_mu_);
+  WriterLock lock(opened_mu_);
   opened->handle = next_handle_++;
   opened_[opened->handle] = opened;
   Log().info("segment '{}' of engine {}: route {}", descriptor.name, descriptor.engine_id,
@@ -453,7 +454,7 @@ Result<SegmentHandle> Engine::OpenSegment(const std::string& address, const std:
 Status Engine::CloseSegment(SegmentHandle handle) {
   std::shared_ptr<OpenedSegment> closed;
   {
-    std::unique_lock lock(opened_mu_);
+    WriterLock lock(opened_mu_);
     auto it = opened_.find(handle);
     if (it == opened_.end())
       return NotFoundError("no open segment handle " + std::to_string(handle));
@@ -462,7 +463,7 @@ Status Engine::CloseSegment(SegmentHandle handle) {
     close_version_.fetch_add(1);
   }
   // Idle batches may keep the OpenedSegment itself a while (their cache); its mappings go now.
-  std::lock_guard lock(closed->mu);
+  MutexLock lock(closed->mu);
   for (OpenedSegment::Route& route : closed->routes) {
     if (route.remote) route.remote->Close();
   }
@@ -594,7 +595,7 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
 }
 
 OpenedSegment::Route* Engine::NextRoute(OpenedSegment* segment, uint32_t* attempt) {
-  std::lock_guard lock(segment->mu);
+  MutexLock lock(segment->mu);
   for (uint32_t next = *attempt + 1; next < segment->routes.size(); ++next) {
     OpenedSegment::Route& route = segment->routes[next];
     if (route.failed) continue;
@@ -655,7 +656,7 @@ void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status,
     }
     p.route.store(static_cast<uint8_t>(slice->attempt + 1), std::memory_order_relaxed);
   } else {
-    std::lock_guard lock(batch->mu);
+    MutexLock lock(batch->mu);
     if (p.status.ok()) {
       p.status = status.WithContext("request " + std::to_string(slice->request) + " via " +
                                     std::string(RouteKindName(route)));
@@ -669,7 +670,7 @@ void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status,
   }
   counters.requests.fetch_add(1, std::memory_order_relaxed);
   if (batch->failed_requests.load(std::memory_order_relaxed) > 0) {
-    std::lock_guard lock(batch->mu);
+    MutexLock lock(batch->mu);
     if (!p.status.ok()) counters.failures.fetch_add(1, std::memory_order_relaxed);
   }
   if (batch->pending_requests.load(std::memory_order_acquire) == 1) {
@@ -678,8 +679,8 @@ void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status,
     return;
   }
   if (batch->waiters.load() > 0) {
-    std::lock_guard lock(batch->mu);
-    batch->cv.notify_all();
+    MutexLock lock(batch->mu);
+    batch->cv.SignalAll();
   }
 }
 
@@ -696,8 +697,11 @@ Status Engine::Wait(BatchId id, std::chrono::milliseconds timeout) {
   batch->waiters.fetch_add(1);
   bool done;
   {
-    std::unique_lock lock(batch->mu);
-    done = batch->cv.wait_for(lock, timeout, [&] { return batch->pending_requests.load() == 0; });
+    MutexLock lock(batch->mu);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (batch->pending_requests.load() != 0 && batch->cv.WaitUntil(lock, deadline)) {
+    }
+    done = batch->pending_requests.load() == 0;
   }
   batch->waiters.fetch_sub(1);
   if (done) return Status();
@@ -714,7 +718,7 @@ Result<std::vector<TransferResult>> Engine::Results(BatchId id) {
     return FailedPreconditionError("batch " + std::to_string(id) + " is still running");
   }
   std::vector<TransferResult> out(batch->count);
-  std::lock_guard lock(batch->mu);
+  MutexLock lock(batch->mu);
   for (size_t i = 0; i < batch->count; ++i) {
     out[i].status = batch->progress[i].status;
     out[i].bytes = batch->progress[i].bytes.load(std::memory_order_relaxed);
@@ -735,7 +739,7 @@ Status Engine::BatchStatus(BatchId id) {
     return FailedPreconditionError("batch " + std::to_string(id) + " is still running");
   }
   if (batch->failed_requests.load() == 0) return Status();
-  std::lock_guard lock(batch->mu);
+  MutexLock lock(batch->mu);
   for (size_t i = 0; i < batch->count; ++i) {
     if (!batch->progress[i].status.ok()) return batch->progress[i].status;
   }

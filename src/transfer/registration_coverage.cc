@@ -6,7 +6,6 @@
 #include <cassert>
 #include <cstdio>
 #include <iterator>
-#include <mutex>
 #include <string>
 
 #include "common/env.h"
@@ -81,7 +80,7 @@ Status RegistrationCoverage::Register(uint64_t address, uint64_t length,
                                 ": its last granule ends past the end of the address space");
   }
 
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   if (logical_.contains(address)) {
     return AlreadyExistsError("a buffer starting at " + FormatHex(address) +
                               " is already registered");
@@ -120,7 +119,7 @@ Status RegistrationCoverage::Register(uint64_t address, uint64_t length,
 }
 
 Status RegistrationCoverage::Deregister(uint64_t address) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   // Only the logical entry goes; native ranges are released with the transport handle.
   if (logical_.erase(address) == 0) {
     return NotFoundError("no buffer registered at " + FormatHex(address));
@@ -130,7 +129,7 @@ Status RegistrationCoverage::Deregister(uint64_t address) {
 
 std::optional<RegistrationCoverage::NativeRange> RegistrationCoverage::FindNative(
     uint64_t address) const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   auto it = native_.upper_bound(address);
   if (it == native_.begin()) return std::nullopt;
   --it;
@@ -141,7 +140,7 @@ std::optional<RegistrationCoverage::NativeRange> RegistrationCoverage::FindNativ
 bool RegistrationCoverage::Covers(uint64_t address, uint64_t length) const {
   std::optional<uint64_t> end = RangeEnd(address, length);
   if (!end) return false;
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   auto it = native_.upper_bound(address);
   if (it == native_.begin()) return false;
   --it;
@@ -157,7 +156,7 @@ bool RegistrationCoverage::Covers(uint64_t address, uint64_t length) const {
 bool RegistrationCoverage::IsLogicallyRegistered(uint64_t address, uint64_t length) const {
   std::optional<uint64_t> end = RangeEnd(address, length);
   if (!end) return false;
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   // Logical registrations may overlap, so the containing one need not be the nearest start; but
   // none starting before *end - longest_logical_ can reach *end, which bounds the walk back.
   const uint64_t lowest_start = *end > longest_logical_ ? *end - longest_logical_ : 0;
@@ -171,22 +170,22 @@ bool RegistrationCoverage::IsLogicallyRegistered(uint64_t address, uint64_t leng
 }
 
 uint64_t RegistrationCoverage::native_calls() const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   return native_calls_;
 }
 
 uint64_t RegistrationCoverage::native_bytes() const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   return native_bytes_;
 }
 
 size_t RegistrationCoverage::logical_registrations() const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   return logical_.size();
 }
 
 std::vector<RegistrationCoverage::NativeRange> RegistrationCoverage::NativeRanges() const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   std::vector<NativeRange> out;
   out.reserve(native_.size());
   for (const auto& [begin, end] : native_) out.push_back(NativeRange{begin, end});

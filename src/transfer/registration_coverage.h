@@ -24,10 +24,10 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <shared_mutex>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "larder/status.h"
 
 namespace larder::transfer {
@@ -124,12 +124,13 @@ class RegistrationCoverage {
  private:
   const uint64_t granularity_;
 
-  mutable std::shared_mutex mu_;
-  std::map<uint64_t, uint64_t> logical_;  // begin -> end; guarded by mu_
-  std::map<uint64_t, uint64_t> native_;   // begin -> end, disjoint; guarded by mu_
-  uint64_t native_calls_ = 0;             // guarded by mu_
-  uint64_t native_bytes_ = 0;             // guarded by mu_
-  uint64_t longest_logical_ = 0;          // longest logical length ever recorded; guarded by mu_
+  mutable SharedMutex mu_;
+  std::map<uint64_t, uint64_t> logical_ LARDER_GUARDED_BY(mu_);  // begin -> end
+  std::map<uint64_t, uint64_t> native_ LARDER_GUARDED_BY(mu_);   // begin -> end, disjoint
+  uint64_t native_calls_ LARDER_GUARDED_BY(mu_) = 0;
+  uint64_t native_bytes_ LARDER_GUARDED_BY(mu_) = 0;
+  // The longest logical length ever recorded.
+  uint64_t longest_logical_ LARDER_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace larder::transfer

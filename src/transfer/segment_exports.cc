@@ -1,15 +1,13 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/segment_exports.h"
 
-#include <mutex>
-
 #include "common/env.h"
 
 namespace larder::transfer {
 
 Status SegmentExports::Reserve(SegmentDescriptor* descriptor) {
   if (descriptor->name.empty()) return InvalidArgumentError("segment name must not be empty");
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   if (reserved_.count(descriptor->name) != 0) {
     return AlreadyExistsError("segment '" + descriptor->name + "' is being registered");
   }
@@ -27,25 +25,25 @@ Status SegmentExports::Reserve(SegmentDescriptor* descriptor) {
 
 void SegmentExports::Publish(SegmentDescriptor descriptor, uint8_t* base,
                              std::shared_ptr<MemoryRegion> memory) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   reserved_.erase(descriptor.name);
   SegmentId id = descriptor.segment_id;
   segments_.emplace(id, ExportedSegment{std::move(descriptor), base, std::move(memory)});
 }
 
 void SegmentExports::Abandon(const std::string& name) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   reserved_.erase(name);
 }
 
 Status SegmentExports::Remove(SegmentId id) {
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   if (segments_.erase(id) == 0) return UnknownSegment(id);
   return Status();
 }
 
 std::vector<SegmentDescriptor> SegmentExports::List() const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   std::vector<SegmentDescriptor> out;
   out.reserve(segments_.size());
   for (const auto& [id, segment] : segments_) out.push_back(segment.descriptor);
@@ -53,7 +51,7 @@ std::vector<SegmentDescriptor> SegmentExports::List() const {
 }
 
 Result<ExportedSegment> SegmentExports::Get(SegmentId id) const {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   auto it = segments_.find(id);
   if (it == segments_.end()) return UnknownSegment(id);
   return it->second;

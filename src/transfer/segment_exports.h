@@ -9,10 +9,10 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "larder/status.h"
 #include "larder/transfer_engine.h"
 
@@ -43,7 +43,7 @@ class SegmentExports {
   // FailedPrecondition for device memory, which only the device route may touch.
   template <typename Fn>
   Status Access(SegmentId id, uint64_t offset, uint64_t length, Fn&& fn) const {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     auto it = segments_.find(id);
     if (it == segments_.end()) return UnknownSegment(id);
     if (it->second.descriptor.memory_kind == MemoryKind::kDevice) return DeviceSegment(id);
@@ -62,10 +62,10 @@ class SegmentExports {
   static Status UnknownSegment(SegmentId id);
   static Status DeviceSegment(SegmentId id);
 
-  mutable std::shared_mutex mu_;
-  std::map<SegmentId, ExportedSegment> segments_;  // guarded by mu_
-  std::set<std::string> reserved_;                 // guarded by mu_
-  SegmentId next_id_ = 1;                          // guarded by mu_
+  mutable SharedMutex mu_;
+  std::map<SegmentId, ExportedSegment> segments_ LARDER_GUARDED_BY(mu_);
+  std::set<std::string> reserved_ LARDER_GUARDED_BY(mu_);
+  SegmentId next_id_ LARDER_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace larder::transfer

@@ -13,7 +13,7 @@ TransportRegistry& TransportRegistry::Global() {
 }
 
 void TransportRegistry::Register(TransportFactory factory) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   bool duplicate = std::any_of(factories_.begin(), factories_.end(),
                                [&](const auto& f) { return f->name == factory.name; });
   if (duplicate || factory.name.empty() || factory.name.size() > RouteKind::kMaxNameBytes ||
@@ -28,7 +28,7 @@ void TransportRegistry::Register(TransportFactory factory) {
 }
 
 const TransportFactory* TransportRegistry::Find(std::string_view name) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& f : factories_) {
     if (f->name == name) return f.get();
   }
@@ -36,7 +36,7 @@ const TransportFactory* TransportRegistry::Find(std::string_view name) const {
 }
 
 std::string TransportRegistry::ProtocolNames() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::string names = "auto";
   for (const auto& f : factories_) names += ", " + f->name;
   return names;
@@ -45,7 +45,7 @@ std::string TransportRegistry::ProtocolNames() const {
 Result<std::vector<SelectedTransport>> TransportRegistry::Select(std::string_view protocol) const {
   std::vector<const TransportFactory*> all;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& f : factories_) all.push_back(f.get());
   }
   std::vector<bool> in_auto(all.size(), false), named(all.size(), false);

@@ -8,11 +8,11 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transfer/transport.h"
 
 namespace larder::transfer {
@@ -48,8 +48,9 @@ class TransportRegistry {
   std::string ProtocolNames() const;
 
  private:
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<TransportFactory>> factories_;  // guarded by mu_, by preference
+  mutable Mutex mu_;
+  // In ascending preference.
+  std::vector<std::unique_ptr<TransportFactory>> factories_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace larder::transfer

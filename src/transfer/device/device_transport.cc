@@ -1,9 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/device/device_transport.h"
 
-#include <mutex>
-
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "transfer/copy_executor.h"
 #include "transfer/device/emulated_device.h"
 #include "transfer/registration_coverage.h"
@@ -144,7 +143,7 @@ class DeviceTransport final : public Transport {
 
   // Initializes the native library on the calling thread's current device the first time.
   Result<int> EnsureInit() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (device_ >= 0) return device_;
     auto current = backend_->CurrentDevice();
     if (!current.ok()) {
@@ -161,7 +160,7 @@ class DeviceTransport final : public Transport {
   }
 
   Result<int> RecordedDevice() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (device_ < 0) return FailedPreconditionError("device transport used before initialization");
     return device_;
   }
@@ -190,8 +189,8 @@ class DeviceTransport final : public Transport {
   std::shared_ptr<DeviceBackend> backend_;
   RegistrationCoverage coverage_;
   EngineContext context_;
-  std::mutex mu_;
-  int device_ = -1;  // guarded by mu_
+  Mutex mu_;
+  int device_ LARDER_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace

@@ -20,7 +20,7 @@ EmulatedDevice::EmulatedDevice(EmulatedDeviceOptions options) : options_(options
 }
 
 EmulatedDevice::~EmulatedDevice() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [begin, length] : allocations_) munmap(reinterpret_cast<void*>(begin), length);
 }
 
@@ -46,7 +46,7 @@ Status EmulatedDevice::Init() {
   if (current_device < 0) {
     return FailedPreconditionError("native init on a thread with no current device");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (init_device_ >= 0) {
     return FailedPreconditionError("native library already initialized on device " +
                                    std::to_string(init_device_));
@@ -56,7 +56,7 @@ Status EmulatedDevice::Init() {
 }
 
 int EmulatedDevice::init_device() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return init_device_;
 }
 
@@ -76,7 +76,7 @@ Status EmulatedDevice::CheckBound(const char* call) const {
 }
 
 Result<void*> EmulatedDevice::Allocate(uint64_t size) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("alloc"));
   if (size == 0) return InvalidArgumentError("alloc of 0 bytes");
   const uint64_t g = options_.granularity;
@@ -95,7 +95,7 @@ Result<void*> EmulatedDevice::Allocate(uint64_t size) {
 }
 
 Status EmulatedDevice::Free(void* ptr) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("free"));
   auto it = allocations_.find(reinterpret_cast<uint64_t>(ptr));
   if (it == allocations_.end()) return InvalidArgumentError("free of unknown device pointer");
@@ -105,12 +105,12 @@ Status EmulatedDevice::Free(void* ptr) {
 }
 
 size_t EmulatedDevice::live_allocations() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return allocations_.size();
 }
 
 Status EmulatedDevice::Register(uint64_t begin, uint64_t length) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("register"));
   uint64_t call = register_calls_.fetch_add(1) + 1;
   const uint64_t g = options_.granularity;
@@ -140,7 +140,7 @@ Status EmulatedDevice::Register(uint64_t begin, uint64_t length) {
 }
 
 Status EmulatedDevice::Deregister(uint64_t begin) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("deregister"));
   if (registrations_.erase(begin) == 0)
     return NotFoundError("no registration at " + FormatHex(begin));
@@ -148,7 +148,7 @@ Status EmulatedDevice::Deregister(uint64_t begin) {
 }
 
 bool EmulatedDevice::IsDeviceMemory(const void* ptr, uint64_t length) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return TouchesDeviceMemory(reinterpret_cast<uint64_t>(ptr), length);
 }
 
@@ -178,7 +178,7 @@ Status EmulatedDevice::CheckCopySide(const char* side, uint64_t p, uint64_t leng
 }
 
 Result<uint64_t> EmulatedDevice::SubmitCopy(void* dst, const void* src, uint64_t length) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("copy submit"));
   uint64_t call = copy_calls_.fetch_add(1) + 1;
   if (length == 0) return InvalidArgumentError("copy of 0 bytes");
@@ -197,7 +197,7 @@ Result<uint64_t> EmulatedDevice::SubmitCopy(void* dst, const void* src, uint64_t
 }
 
 Result<bool> EmulatedDevice::QueryCopy(uint64_t id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("copy query"));
   auto it = copies_.find(id);
   if (it == copies_.end()) return NotFoundError("no copy " + std::to_string(id));
@@ -208,12 +208,12 @@ Result<bool> EmulatedDevice::QueryCopy(uint64_t id) {
 }
 
 void EmulatedDevice::FailRegistrationAt(uint64_t nth) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   registration_fault_at_ = nth == 0 ? 0 : register_calls_.load() + nth;
 }
 
 void EmulatedDevice::FailCopyAt(uint64_t nth) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   copy_fault_at_ = nth == 0 ? 0 : copy_calls_.load() + nth;
 }
 

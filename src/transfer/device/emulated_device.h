@@ -17,10 +17,10 @@
 
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transfer/device/device_backend.h"
 
 namespace larder::transfer {
@@ -65,21 +65,21 @@ class EmulatedDevice final : public DeviceBackend {
 
  private:
   // OK when the calling thread may make native calls (Init done, bound to the init device).
-  Status CheckBound(const char* call) const;
-  // True when [p, p + length) touches emulated device memory. REQUIRES: mu_ held.
-  bool TouchesDeviceMemory(uint64_t p, uint64_t length) const;
+  Status CheckBound(const char* call) const LARDER_REQUIRES(mu_);
+  // True when [p, p + length) touches emulated device memory.
+  bool TouchesDeviceMemory(uint64_t p, uint64_t length) const LARDER_REQUIRES(mu_);
   // OK when [p, p + length) lies in one registration (or is host memory and the bypass is on).
-  Status CheckCopySide(const char* side, uint64_t p, uint64_t length) const;
+  Status CheckCopySide(const char* side, uint64_t p, uint64_t length) const LARDER_REQUIRES(mu_);
 
   const EmulatedDeviceOptions options_;
-  mutable std::mutex mu_;
-  int init_device_ = -1;                         // guarded by mu_
-  std::map<uint64_t, uint64_t> allocations_;     // begin -> length, guarded by mu_
-  std::map<uint64_t, uint64_t> registrations_;   // begin -> length, guarded by mu_
-  std::unordered_map<uint64_t, Status> copies_;  // id -> outcome, guarded by mu_
-  uint64_t next_copy_id_ = 1;                    // guarded by mu_
-  uint64_t registration_fault_at_ = 0;           // absolute call number, guarded by mu_
-  uint64_t copy_fault_at_ = 0;                   // guarded by mu_
+  mutable Mutex mu_;
+  int init_device_ LARDER_GUARDED_BY(mu_) = -1;
+  std::map<uint64_t, uint64_t> allocations_ LARDER_GUARDED_BY(mu_);     // begin -> length
+  std::map<uint64_t, uint64_t> registrations_ LARDER_GUARDED_BY(mu_);   // begin -> length
+  std::unordered_map<uint64_t, Status> copies_ LARDER_GUARDED_BY(mu_);  // id -> outcome
+  uint64_t next_copy_id_ LARDER_GUARDED_BY(mu_) = 1;
+  uint64_t registration_fault_at_ LARDER_GUARDED_BY(mu_) = 0;  // absolute call number
+  uint64_t copy_fault_at_ LARDER_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> register_calls_{0};
   std::atomic<uint64_t> copy_calls_{0};
 };

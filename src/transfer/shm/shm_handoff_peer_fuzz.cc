@@ -17,15 +17,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "transfer/shm/shm_handoff.h"
 
@@ -57,7 +56,7 @@ class FakeOwner {
 
   // Makes `input` what the next connection is served, and returns its number.
   uint64_t Offer(const uint8_t* data, size_t size) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     input_.assign(reinterpret_cast<const char*>(data), size);
     return ++offered_;
   }
@@ -65,8 +64,10 @@ class FakeOwner {
   // Waits until connection `n` is over on the owner's side (accepted or not: a peer that never
   // dialed leaves it pending, and the next Offer supersedes it).
   void WaitServed(uint64_t n) {
-    std::unique_lock lock(mu_);
-    served_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return served_ >= n; });
+    MutexLock lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (served_ < n && served_cv_.WaitUntil(lock, deadline)) {
+    }
   }
 
  private:
@@ -77,15 +78,15 @@ class FakeOwner {
       std::string input;
       uint64_t n;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         input = input_;
         n = offered_;
       }
       Serve(conn, input);
       close(conn);
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       served_ = n;
-      served_cv_.notify_all();
+      served_cv_.SignalAll();
     }
   }
 
@@ -149,11 +150,11 @@ class FakeOwner {
 
   std::string socket_name_;
   Fd listener_;
-  std::mutex mu_;
-  std::condition_variable served_cv_;
-  std::string input_;
-  uint64_t offered_ = 0;
-  uint64_t served_ = 0;
+  Mutex mu_;
+  CondVar served_cv_;
+  std::string input_ LARDER_GUARDED_BY(mu_);
+  uint64_t offered_ LARDER_GUARDED_BY(mu_) = 0;
+  uint64_t served_ LARDER_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

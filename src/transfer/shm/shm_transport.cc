@@ -9,12 +9,12 @@
 #include <unistd.h>
 
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
 #include "common/memory.h"
+#include "common/mutex.h"
 #include "transfer/copy_executor.h"
 #include "transfer/shm/shm_handoff.h"
 #include "transfer/transport_registry.h"
@@ -73,19 +73,19 @@ class ShmSegment final : public RemoteSegment {
 
   // The mapping, or null once its owner exited.
   std::shared_ptr<Mapping> mapping() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return mapping_;
   }
   void Close() override { Drop(); }
   // Lets the mapping go (unmapped once no copy uses it); later copies fail with Unavailable.
   void Drop() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     mapping_.reset();
   }
 
  private:
-  mutable std::mutex mu_;
-  std::shared_ptr<Mapping> mapping_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::shared_ptr<Mapping> mapping_ LARDER_GUARDED_BY(mu_);
 };
 
 class ShmTransport final : public Transport {
@@ -191,9 +191,9 @@ class ShmTransport final : public Transport {
   std::string socket_name_;
   std::unique_ptr<ShmHandoffServer> server_;
   std::shared_ptr<MappingTotals> totals_ = std::make_shared<MappingTotals>();
-  std::mutex mu_;
-  std::map<std::string, std::weak_ptr<Mapping>> mappings_;  // guarded by mu_
-  std::map<std::string, Owner> owners_;                     // by engine id, guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::weak_ptr<Mapping>> mappings_ LARDER_GUARDED_BY(mu_);
+  std::map<std::string, Owner> owners_ LARDER_GUARDED_BY(mu_);  // by engine id
   Fd wake_;
   std::atomic<bool> stopping_{false};
   std::thread watcher_;
@@ -208,7 +208,7 @@ Result<std::shared_ptr<RemoteSegment>> ShmTransport::Open(const SegmentDescripto
   std::string key = descriptor.engine_id + "/" + std::to_string(descriptor.segment_id) + "/" +
                     std::to_string(descriptor.epoch);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = mappings_.find(key); it != mappings_.end()) {
       if (auto mapping = it->second.lock()) {
         auto segment = std::make_shared<ShmSegment>(descriptor, std::move(mapping));
@@ -246,7 +246,7 @@ Result<std::shared_ptr<RemoteSegment>> ShmTransport::Open(const SegmentDescripto
   totals_->bytes.fetch_add(descriptor.size);
   auto segment = std::make_shared<ShmSegment>(descriptor, mapping);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     mappings_[key] = mapping;
   }
   Watch(descriptor.engine_id, owner_pid, segment);
@@ -255,7 +255,7 @@ Result<std::shared_ptr<RemoteSegment>> ShmTransport::Open(const SegmentDescripto
 
 void ShmTransport::Watch(const std::string& engine_id, pid_t pid,
                          const std::shared_ptr<ShmSegment>& segment) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = owners_.find(engine_id);
   if (it == owners_.end()) {
     if (pid <= 0) return;  // not visible in our pid namespace: the master's reports drop it
@@ -281,7 +281,7 @@ void ShmTransport::WatchOwners() {
     ids.assign(1, "");
     std::vector<std::string> gone;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (auto& [id, owner] : owners_) {
         if (!owner.pidfd.valid()) {
           gone.push_back(id);
@@ -309,7 +309,7 @@ void ShmTransport::OwnerExited(const std::string& engine_id) {
   std::vector<std::weak_ptr<ShmSegment>> segments;
   pid_t pid = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = owners_.find(engine_id);
     if (it == owners_.end()) return;
     segments = std::move(it->second.segments);

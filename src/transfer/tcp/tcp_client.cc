@@ -37,11 +37,11 @@ TcpPeer::~TcpPeer() { Stop(); }
 
 void TcpPeer::Enqueue(uint64_t segment_id, std::span<Slice* const> slices, SliceCallback* done) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!stopping_) {
       for (Slice* s : slices) queue_.push_back({s, segment_id, done});
       while (workers_.size() < connections_) workers_.emplace_back([this] { Worker(); });
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
   }
@@ -52,18 +52,18 @@ void TcpPeer::Stop() {
   std::vector<std::thread> workers;
   std::deque<Job> orphans;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     workers.swap(workers_);
     orphans.swap(queue_);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (auto& j : orphans) j.done->OnSliceDone(j.slice, CancelledError("engine is shutting down"));
   for (auto& t : workers) t.join();
 }
 
 Status TcpPeer::CheckBackoff() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (failures_ > 0 && Clock::now() < retry_after_) {
     // A refusal (token, TLS, certificate) does not go away by retrying: it keeps its code.
     StatusCode code = last_failure_.code() == StatusCode::kPermissionDenied
@@ -76,7 +76,7 @@ Status TcpPeer::CheckBackoff() {
 }
 
 void TcpPeer::RecordFailure(const Status& status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++failures_;
   auto backoff = kBackoffBase * (1 << std::min(failures_ - 1, 6));
   retry_after_ = Clock::now() + std::min<Clock::duration>(backoff, kBackoffMax);
@@ -85,7 +85,7 @@ void TcpPeer::RecordFailure(const Status& status) {
 }
 
 void TcpPeer::RecordSuccess() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   failures_ = 0;
 }
 
@@ -95,8 +95,8 @@ void TcpPeer::Worker() {
   for (;;) {
     jobs.clear();
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(lock);
       if (stopping_) return;
       uint64_t bytes = 0;
       bool window_has_read = false;

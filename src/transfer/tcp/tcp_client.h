@@ -4,15 +4,14 @@
 // protocol (transfer/wire/frame.h) to a peer's frame server.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "transfer/transport.h"
 #include "transfer/wire/client.h"
@@ -57,14 +56,14 @@ class TcpPeer {
   const std::string name_;
   const size_t connections_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;             // guarded by mu_
-  std::vector<std::thread> workers_;  // guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
-  int failures_ = 0;                  // guarded by mu_
-  Deadline retry_after_{};            // guarded by mu_
-  Status last_failure_;               // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> queue_ LARDER_GUARDED_BY(mu_);
+  std::vector<std::thread> workers_ LARDER_GUARDED_BY(mu_);
+  bool stopping_ LARDER_GUARDED_BY(mu_) = false;
+  int failures_ LARDER_GUARDED_BY(mu_) = 0;
+  Deadline retry_after_ LARDER_GUARDED_BY(mu_) = {};
+  Status last_failure_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace larder::transfer::tcp

@@ -2,10 +2,10 @@
 #include "transfer/tcp/tcp_transport.h"
 
 #include <map>
-#include <mutex>
 #include <vector>
 
 #include "common/memory.h"
+#include "common/mutex.h"
 #include "transfer/segment_exports.h"
 #include "transfer/tcp/tcp_client.h"
 #include "transfer/transport_registry.h"
@@ -121,7 +121,7 @@ class TcpTransport final : public Transport {
   void Stop() override {
     std::map<std::string, std::shared_ptr<tcp::TcpPeer>> peers;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       peers.swap(peers_);
     }
     for (auto& [name, peer] : peers) peer->Stop();
@@ -149,7 +149,7 @@ class TcpTransport final : public Transport {
     }
     LARDER_ASSIGN_OR_RETURN(HostPort address, EndpointOf(descriptor));
     std::string key = address.ToString();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto& peer = peers_[key];
     if (!peer) {
       peer = std::make_shared<tcp::TcpPeer>(address, client_config_,
@@ -167,8 +167,8 @@ class TcpTransport final : public Transport {
  private:
   EngineContext context_;
   std::shared_ptr<const tcp::TcpClientConfig> client_config_;  // set by Start
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<tcp::TcpPeer>> peers_;  // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<tcp::TcpPeer>> peers_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace

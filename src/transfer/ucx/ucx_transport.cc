@@ -4,11 +4,11 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <vector>
 
 #include "common/logging.h"
 #include "common/memory.h"
+#include "common/mutex.h"
 #include "transfer/registration_coverage.h"
 #include "transfer/transport_registry.h"
 #include "transfer/ucx/ucx_blob.h"
@@ -118,7 +118,7 @@ class UcxTransport final : public Transport {
     return coverage_.Register(
         reinterpret_cast<uint64_t>(ptr), size, [this](uint64_t begin, uint64_t length) -> Status {
           LARDER_ASSIGN_OR_RETURN(ucp_mem_h memh, worker_->MapLocal(begin, length));
-          std::lock_guard lock(mu_);
+          MutexLock lock(mu_);
           local_memhs_[begin] = memh;
           return Status();
         });
@@ -181,7 +181,7 @@ class UcxTransport final : public Transport {
     auto begin = reinterpret_cast<uint64_t>(s.local);
     auto native = coverage_.FindNative(begin);
     if (!native || native->end - begin < s.length) return nullptr;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = local_memhs_.find(native->begin);
     return it == local_memhs_.end() ? nullptr : it->second;
   }
@@ -190,8 +190,8 @@ class UcxTransport final : public Transport {
   EngineContext context_;
   std::shared_ptr<ucx::UcxWorker> worker_;  // null when UCX did not start (auto only)
   RegistrationCoverage coverage_;
-  std::mutex mu_;
-  std::map<uint64_t, ucp_mem_h> local_memhs_;  // by native range start; guarded by mu_
+  Mutex mu_;
+  std::map<uint64_t, ucp_mem_h> local_memhs_ LARDER_GUARDED_BY(mu_);  // by native range start
 };
 
 }  // namespace

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +15,6 @@
 #include <future>
 #include <list>
 #include <map>
-#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -24,6 +22,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/net.h"
 #include "transfer/ucx/ucx_worker_internal.h"
 
@@ -43,9 +42,9 @@ struct UcxWorker::Impl {
   Fd wake;
   std::thread thread;
 
-  std::mutex mu;
-  std::deque<std::function<void()>> tasks;  // guarded by mu
-  bool stopped = false;                     // guarded by mu: no more tasks are accepted
+  Mutex mu;
+  std::deque<std::function<void()>> tasks LARDER_GUARDED_BY(mu);
+  bool stopped LARDER_GUARDED_BY(mu) = false;  // no more tasks are accepted
   std::atomic<bool> stopping{false};
 
   // Everything below belongs to the worker thread.
@@ -71,7 +70,7 @@ struct UcxWorker::Impl {
 
   bool Post(std::function<void()> task) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (stopped) return false;
       tasks.push_back(std::move(task));
     }
@@ -97,7 +96,7 @@ struct UcxWorker::Impl {
   bool RunTasks() {
     std::deque<std::function<void()>> batch;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       batch.swap(tasks);
     }
     for (auto& task : batch) task();
@@ -116,7 +115,7 @@ struct UcxWorker::Impl {
       ExpireDeadlines();
       worked |= ProcessCompleted();
       if (stopping.load()) {
-        std::lock_guard lock(mu);
+        MutexLock lock(mu);
         if (tasks.empty()) break;
         continue;
       }
@@ -354,8 +353,8 @@ struct UcxWorker::Impl {
     if (it == revocations.end()) return;
     std::shared_ptr<Revocation> revocation = it->second.first;
     revocations.erase(it);
-    std::lock_guard lock(revocation->mu);
-    if (revocation->remaining > 0 && --revocation->remaining == 0) revocation->cv.notify_all();
+    MutexLock lock(revocation->mu);
+    if (revocation->remaining > 0 && --revocation->remaining == 0) revocation->cv.SignalAll();
   }
 
   Status SetHandler(unsigned id, ucp_am_recv_callback_t cb) {
@@ -746,7 +745,7 @@ UcxWorker::~UcxWorker() {
 
 void UcxWorker::Stop() {
   {
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     if (impl_->stopped) return;
     impl_->stopped = true;
   }
@@ -801,7 +800,7 @@ void UcxWorker::Unexport(SegmentId id, std::chrono::milliseconds wait) {
         continue;
       }
       impl->revocations[revoke_id] = {revocation, token};
-      std::lock_guard lock(revocation->mu);
+      MutexLock lock(revocation->mu);
       ++revocation->remaining;
     }
     ucp_mem_h unmapping = it->second.memh;
@@ -810,8 +809,11 @@ void UcxWorker::Unexport(SegmentId id, std::chrono::milliseconds wait) {
   });
   if (!memh.ok() || *memh == nullptr) return;
   {
-    std::unique_lock lock(revocation->mu);
-    if (!revocation->cv.wait_for(lock, wait, [&] { return revocation->remaining == 0; })) {
+    MutexLock lock(revocation->mu);
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (revocation->remaining != 0 && revocation->cv.WaitUntil(lock, deadline)) {
+    }
+    if (revocation->remaining != 0) {
       Log().warn("ucx: {} peer(s) did not confirm within {} ms that they stopped using segment {}",
                  revocation->remaining, wait.count(), id);
     }

@@ -7,19 +7,18 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "larder/status.h"
 #include "transfer/ucx/ucx_worker.h"
@@ -161,9 +160,9 @@ struct Op {
 
 // One Unexport waiting for acks.
 struct Revocation {
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t remaining = 0;  // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  size_t remaining LARDER_GUARDED_BY(mu) = 0;
 };
 
 struct Exported {

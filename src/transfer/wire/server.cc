@@ -50,7 +50,7 @@ void FrameServer::Stop() {
   if (accept_thread_.joinable()) accept_thread_.join();
   std::list<std::unique_ptr<FrameConnection>> connections;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     connections.swap(connections_);
   }
   for (auto& c : connections) shutdown(c->stream_.fd(), SHUT_RDWR);
@@ -61,7 +61,7 @@ void FrameServer::Stop() {
 void FrameServer::ReapFinished() {
   std::list<std::unique_ptr<FrameConnection>> finished;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = connections_.begin(); it != connections_.end();) {
       if ((*it)->done_.load()) {
         finished.push_back(std::move(*it));
@@ -90,7 +90,7 @@ void FrameServer::AcceptLoop() {
     inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
     conn->stream_ = TcpStream(Fd(fd), std::string(ip) + ":" + std::to_string(ntohs(addr.sin_port)));
     FrameConnection* raw = conn.get();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_.load()) break;
     conn->thread_ = std::thread([this, raw] {
       ServeConnection(raw);

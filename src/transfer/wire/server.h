@@ -14,10 +14,10 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "transfer/transport.h"
 #include "transfer/wire/auth.h"
@@ -96,8 +96,8 @@ class FrameServer {
   std::array<Handler, static_cast<size_t>(FrameType::kError) + 1> handlers_;  // set before Serve
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::list<std::unique_ptr<FrameConnection>> connections_;  // guarded by mu_
+  Mutex mu_;
+  std::list<std::unique_ptr<FrameConnection>> connections_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace larder::transfer::wire
