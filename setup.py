@@ -2,8 +2,8 @@
 #
 # The build of the _larder extension for `pip install .` (pyproject.toml): CMake builds the
 # target larder_python in LARDER_BUILD_DIR (default: build-python, configured as a Release build
-# without tests when it is new), and the extension and liblarder go into the package, where the
-# extension finds the library ($ORIGIN is on its RPATH).
+# without tests when it is new), and the extension (which holds Larder's code, linked statically)
+# goes into the package.
 import glob
 import os
 import shutil
@@ -37,11 +37,6 @@ class CMakeBuild(build_ext):
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(built[0], target)
-        # The engine library, under its soname, beside the extension.
-        for library in glob.glob(os.path.join(build_dir, "lib", "liblarder.so.*")):
-            name = os.path.basename(library)
-            if name.count(".") == 3:  # liblarder.so.MAJOR.MINOR: the soname
-                shutil.copyfile(library, os.path.join(os.path.dirname(target), name))
 
 
 setup(

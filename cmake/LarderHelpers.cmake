@@ -3,7 +3,10 @@
 # Warnings as errors and the project include roots, for targets built from our sources.
 function(larder_target_defaults target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Werror)
-  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+  # include/ is the libraries' interface; src/ is every target's own business (each one that
+  # includes an internal header gets it here, not from a library it links).
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR}/include
+                                       PRIVATE ${PROJECT_SOURCE_DIR}/src)
 endfunction()
 
 # larder_add_test(NAME SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l] [TIMEOUT s] [LOCK resource])

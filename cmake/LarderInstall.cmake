@@ -1,30 +1,32 @@
 # Installation: `cmake --install` lays out the library, its headers, a CMake package
 # (find_package(Larder) -> Larder::larder) and a pkg-config file (larder.pc), the binaries with
 # systemd units, and the Python package; `make deb` packs them as Debian packages (CPack). The
-# components: `library` (liblarder, liblarder_store, headers, CMake and pkg-config files),
+# components: `library` (liblarder, headers, CMake and pkg-config files),
 # `tools` (the binaries, the units and their settings files) and `python`.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-# The store client (and the attach side of larder-client) as a shared library for programs
-# outside this tree. Targets in this tree link the static larder_client; liblarder_store holds the
-# same code, with the control-plane protocol and all of the ground floor that the public headers
-# declare (Status, Version, ...), and links liblarder for the engine.
-add_library(larder_store SHARED src/client/store_shared_library.cc
-  $<TARGET_OBJECTS:larder_client> $<TARGET_OBJECTS:larder_standalone>
-  $<TARGET_OBJECTS:larder_common>)
-larder_target_defaults(larder_store)
-target_link_libraries(larder_store PUBLIC larder PRIVATE larder_client larder_standalone)
-
-# Versioned sonames: liblarder.so.MAJOR.MINOR (an ABI may change between 0.x minors).
-foreach(library larder larder_store)
-  set_target_properties(${library} PROPERTIES
-    VERSION ${PROJECT_VERSION}
-    SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
-    INSTALL_RPATH "$ORIGIN")
+# liblarder, for programs outside this tree: every object of the engine, the store client, the
+# attach side of larder-client and the ground floor. Everything is compiled with hidden visibility
+# (CMakeLists.txt), so the library exports what include/larder declares with LARDER_EXPORT and
+# nothing else; targets in this tree link the static libraries themselves. Linking those libraries
+# too brings their dependencies (gRPC, OpenSSL, ...) and nothing of theirs: the objects define it.
+get_property(engine_objects GLOBAL PROPERTY LARDER_ENGINE_OBJECT_LIBRARIES)
+set(larder_objects "")
+foreach(library larder larder_client larder_standalone larder_common ${engine_objects})
+  list(APPEND larder_objects $<TARGET_OBJECTS:${library}>)
 endforeach()
+add_library(larder_shared SHARED src/liblarder.cc ${larder_objects})
+larder_target_defaults(larder_shared)
+target_link_libraries(larder_shared PRIVATE larder larder_client larder_standalone larder_common)
+# Versioned soname: liblarder.so.MAJOR.MINOR (an ABI may change between 0.x minors).
+set_target_properties(larder_shared PROPERTIES
+  OUTPUT_NAME larder
+  VERSION ${PROJECT_VERSION}
+  SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
+  INSTALL_RPATH "$ORIGIN")
 
-install(TARGETS larder larder_store
+install(TARGETS larder_shared
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT library)
 install(DIRECTORY include/larder DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT library
   FILES_MATCHING PATTERN "*.h")
@@ -46,11 +48,8 @@ configure_file(cmake/larder.pc.in ${CMAKE_CURRENT_BINARY_DIR}/larder.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/larder.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT library)
 
-# The binaries find liblarder beside them in the build tree, and in the library directory once
-# installed.
+# The binaries link Larder's code statically: they need no liblarder.
 set(LARDER_INSTALLED_BINARIES larder-master larder-client larder-ctl larder-bench)
-set_target_properties(${LARDER_INSTALLED_BINARIES} PROPERTIES
-  INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
 install(TARGETS ${LARDER_INSTALLED_BINARIES}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
 
@@ -115,14 +114,11 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 # Dependencies on Debian's libraries (gRPC, protobuf, OpenSSL, ...) from the binaries' needs.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# liblarder itself: found in the build tree (the tools and Python packages name it by hand).
-set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR}/lib)
 set(CPACK_DEBIAN_LIBRARY_PACKAGE_NAME liblarder)
 set(CPACK_DEBIAN_LIBRARY_PACKAGE_SECTION libs)
 set(CPACK_COMPONENT_LIBRARY_DESCRIPTION
-  "Larder's store client and transfer engine: shared libraries, headers, CMake package and pkg-config file")
+  "Larder's store client and transfer engine: shared library, headers, CMake package and pkg-config file")
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME larder-tools)
-set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "liblarder (= ${PROJECT_VERSION})")
 set(CPACK_COMPONENT_TOOLS_DESCRIPTION
   "larder-master, larder-client, larder-ctl and larder-bench, with systemd units")
 set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_EXTRA
@@ -131,7 +127,7 @@ set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_EXTRA
 set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-larder)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
-set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "liblarder (= ${PROJECT_VERSION}), python3, python3-numpy")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "python3, python3-numpy")
 set(CPACK_COMPONENT_PYTHON_DESCRIPTION "The larder Python package (import larder)")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 include(CPack)

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string_view>
 
+#include "larder/export.h"
 #include "larder/status.h"
 
 namespace larder {
@@ -20,7 +21,7 @@ enum class MemoryKind : uint8_t {
   kDevice = 2,     // device memory from the device transport's native allocator: device route only.
 };
 
-std::string_view MemoryKindName(MemoryKind kind);
+LARDER_EXPORT std::string_view MemoryKindName(MemoryKind kind);
 
 // The page size of segment memory. kOff: normal pages. k2M, k1G: hugetlb pages of that size, or
 // fail with ResourceExhausted (saying how many are needed and free) when the pool lacks them.
@@ -28,12 +29,12 @@ std::string_view MemoryKindName(MemoryKind kind);
 enum class HugePages : uint8_t { kOff = 0, k2M = 1, k1G = 2, kAuto = 3 };
 
 // "off", "2m", "1g", "auto".
-std::string_view HugePagesName(HugePages mode);
+LARDER_EXPORT std::string_view HugePagesName(HugePages mode);
 // Parses "off" | "2m" | "1g" | "auto" (case-insensitive; "0"/"no"/"false" mean off).
-Result<HugePages> ParseHugePages(std::string_view text);
+LARDER_EXPORT Result<HugePages> ParseHugePages(std::string_view text);
 
 // Memory owned by Larder and freed when the last reference goes away (munmap, close).
-class MemoryRegion {
+class LARDER_EXPORT MemoryRegion {
  public:
   // Takes ownership of a mapping (munmap) and of `fd` (close, when >= 0). `page_size` is the
   // page size backing it (4 KiB, or a huge page size).

@@ -31,13 +31,14 @@
 #include <memory>
 #include <string>
 
+#include "larder/export.h"
 #include "larder/status.h"
 #include "larder/store_client.h"
 
 namespace larder {
 
 // Every field has its default here and in docs/standalone.md.
-struct AttachOptions {
+struct LARDER_EXPORT AttachOptions {
   // The daemon's socket: "@name" (an abstract Unix socket), a filesystem path (anything with a
   // '/'), or "host:port" (Mooncake's client_server_address), which names "@larder-client-<port>".
   // Empty: LARDER_CLIENT_SOCKET, else "@larder-client-50052".
@@ -74,7 +75,7 @@ struct AttachOptions {
 // Thread-safety: every method may be called from any number of threads at once. Calls travel
 // over one connection and the daemon serves several of them at a time; the copying API takes
 // turns on the staging area.
-class AttachedStoreClient : public StoreClient {
+class LARDER_EXPORT AttachedStoreClient : public StoreClient {
  public:
   // Connects to the daemon, checks that it runs as this process's uid or as root (else
   // PermissionDenied: another user could be impersonating it), says hello and maps the staging
@@ -108,6 +109,6 @@ class AttachedStoreClient : public StoreClient {
 };
 
 // AttachedStoreClient::Attach, as a plain StoreClient.
-Result<std::unique_ptr<StoreClient>> AttachStoreClient(const AttachOptions& options);
+LARDER_EXPORT Result<std::unique_ptr<StoreClient>> AttachStoreClient(const AttachOptions& options);
 
 }  // namespace larder

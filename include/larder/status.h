@@ -28,6 +28,8 @@
 #include <utility>
 #include <variant>
 
+#include "larder/export.h"
+
 namespace larder {
 
 enum class StatusCode : int {
@@ -51,7 +53,7 @@ enum class StatusCode : int {
 };
 
 // Returns the canonical name of `code`, e.g. "Unavailable".
-std::string_view StatusCodeName(StatusCode code);
+LARDER_EXPORT std::string_view StatusCodeName(StatusCode code);
 
 // What an error tells a caller that acts on it, beside its code: structure to branch on, never
 // text to match. Most errors carry kNone.
@@ -74,9 +76,9 @@ enum class ErrorDetail : uint8_t {
 };
 
 // "None", "RemountRequired", "LeaseExpired", "BeingWritten", "Leased", "Rebuilding".
-std::string_view ErrorDetailName(ErrorDetail detail);
+LARDER_EXPORT std::string_view ErrorDetailName(ErrorDetail detail);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] LARDER_EXPORT Status {
  public:
   // An OK status. Cheap: no allocation.
   Status() = default;
@@ -118,32 +120,32 @@ class [[nodiscard]] Status {
   std::shared_ptr<const State> state_;
 };
 
-std::ostream& operator<<(std::ostream& os, const Status& status);
+LARDER_EXPORT std::ostream& operator<<(std::ostream& os, const Status& status);
 
-Status CancelledError(std::string message);
-Status UnknownError(std::string message);
-Status InvalidArgumentError(std::string message);
-Status DeadlineExceededError(std::string message);
-Status NotFoundError(std::string message);
-Status AlreadyExistsError(std::string message);
-Status PermissionDeniedError(std::string message);
-Status ResourceExhaustedError(std::string message);
-Status FailedPreconditionError(std::string message);
-Status AbortedError(std::string message);
-Status OutOfRangeError(std::string message);
-Status UnimplementedError(std::string message);
-Status InternalError(std::string message);
-Status UnavailableError(std::string message);
-Status DataLossError(std::string message);
-Status UnauthenticatedError(std::string message);
+LARDER_EXPORT Status CancelledError(std::string message);
+LARDER_EXPORT Status UnknownError(std::string message);
+LARDER_EXPORT Status InvalidArgumentError(std::string message);
+LARDER_EXPORT Status DeadlineExceededError(std::string message);
+LARDER_EXPORT Status NotFoundError(std::string message);
+LARDER_EXPORT Status AlreadyExistsError(std::string message);
+LARDER_EXPORT Status PermissionDeniedError(std::string message);
+LARDER_EXPORT Status ResourceExhaustedError(std::string message);
+LARDER_EXPORT Status FailedPreconditionError(std::string message);
+LARDER_EXPORT Status AbortedError(std::string message);
+LARDER_EXPORT Status OutOfRangeError(std::string message);
+LARDER_EXPORT Status UnimplementedError(std::string message);
+LARDER_EXPORT Status InternalError(std::string message);
+LARDER_EXPORT Status UnavailableError(std::string message);
+LARDER_EXPORT Status DataLossError(std::string message);
+LARDER_EXPORT Status UnauthenticatedError(std::string message);
 
 // Maps an errno value to the closest code, with "<what>: <strerror>" as message.
-Status ErrnoToStatus(int err, std::string_view what);
+LARDER_EXPORT Status ErrnoToStatus(int err, std::string_view what);
 
 namespace internal {
 // Result<T> misused: print what happened and abort, in every build.
-[[noreturn]] void ResultFromOkStatus();
-[[noreturn]] void ResultValueOfError(const Status& status);
+[[noreturn]] LARDER_EXPORT void ResultFromOkStatus();
+[[noreturn]] LARDER_EXPORT void ResultValueOfError(const Status& status);
 }  // namespace internal
 
 // Either a T or a non-OK Status.

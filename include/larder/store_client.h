@@ -29,13 +29,14 @@
 #include <string_view>
 #include <vector>
 
+#include "larder/export.h"
 #include "larder/status.h"
 #include "larder/transfer_engine.h"
 
 namespace larder {
 
 // Every field has its default here and in docs/configuration.md.
-struct StoreClientOptions {
+struct LARDER_EXPORT StoreClientOptions {
   // larder-master's gRPC address "host:port", or "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID"
   // to follow the leader of a highly available cluster (docs/store.md, "High availability").
   std::string master_address = "127.0.0.1:50051";
@@ -111,7 +112,7 @@ enum class SoftPinAction : uint8_t {
 };
 
 // Per-put placement settings.
-struct PutConfig {
+struct LARDER_EXPORT PutConfig {
   uint32_t replica_num = 0;  // 0: StoreClientOptions::replica_num
   // Segment names to place replicas in first, in order (see StoreClient::segment_name()).
   std::vector<std::string> preferred_segments;
@@ -127,13 +128,13 @@ struct PutConfig {
 };
 
 // A piece of caller memory that holds (or receives) part of an object's bytes.
-struct BufferSlice {
+struct LARDER_EXPORT BufferSlice {
   void* ptr = nullptr;
   size_t size = 0;
 };
 
 // `size` bytes of object `key` from byte `offset` of its value, read into `ptr`.
-struct ObjectRange {
+struct LARDER_EXPORT ObjectRange {
   std::string key;
   uint64_t offset = 0;
   void* ptr = nullptr;
@@ -141,7 +142,7 @@ struct ObjectRange {
 };
 
 // Where one replica of an object lives.
-struct ReplicaInfo {
+struct LARDER_EXPORT ReplicaInfo {
   std::string segment_name;
   uint64_t offset = 0;   // inside the segment
   uint64_t address = 0;  // the segment owner's address of the replica's first byte
@@ -149,12 +150,12 @@ struct ReplicaInfo {
 };
 
 // An object's size and replicas, as the master knows them.
-struct ObjectInfo {
+struct LARDER_EXPORT ObjectInfo {
   uint64_t size = 0;
   std::vector<ReplicaInfo> replicas;
 };
 
-class StoreClient {
+class LARDER_EXPORT StoreClient {
  public:
   // Creates the store engine, allocates and mounts the global segment, and starts heartbeats.
   // Errors: Unavailable (master unreachable), InvalidArgument (bad options), and whatever the

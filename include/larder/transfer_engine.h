@@ -49,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "larder/export.h"
 #include "larder/memory_region.h"
 #include "larder/status.h"
 
@@ -65,7 +66,7 @@ enum class EngineRole {
 // route is "none". Names are at most 15 bytes and stored inline, so a RouteKind is as cheap to
 // copy and compare as an integer. The constants name the transports that every build has; other
 // transports are named by string, e.g. RouteKind("ucx").
-class RouteKind {
+class LARDER_EXPORT RouteKind {
  public:
   static constexpr size_t kMaxNameBytes = 15;
 
@@ -123,7 +124,7 @@ using BatchId = uint64_t;
 
 // Everything a peer needs to reach a segment. Obtained from the owner (ListPeerSegments) or from
 // a metadata service; serializable to JSON.
-struct SegmentDescriptor {
+struct LARDER_EXPORT SegmentDescriptor {
   SegmentId segment_id = 0;
   std::string name;       // unique per owner engine
   uint64_t epoch = 0;     // changes whenever an id would be re-registered
@@ -152,7 +153,7 @@ struct SegmentDescriptor {
   static Result<SegmentDescriptor> FromJson(std::string_view json);
 };
 
-struct TransferEngineOptions {
+struct LARDER_EXPORT TransferEngineOptions {
   // Which protocol variable applies when `protocol` is empty.
   EngineRole role = EngineRole::kStandalone;
   // "auto" (local, then shm, then ucx where built, then tcp), one transport's name ("local", "shm",
@@ -216,7 +217,7 @@ struct TransferEngineOptions {
 };
 
 // Requests, bytes and failed requests, counted when a request finishes.
-struct TransferCounters {
+struct LARDER_EXPORT TransferCounters {
   uint64_t requests = 0;
   uint64_t bytes = 0;  // moved by requests that succeeded and by the parts of failed ones that did
   uint64_t failures = 0;
@@ -229,7 +230,7 @@ struct TransferCounters {
 };
 
 // What one route carried to and from one peer engine (this engine itself for kLocal).
-struct PeerTransferStats {
+struct LARDER_EXPORT PeerTransferStats {
   std::string engine_id;  // the peer: owner of the segments
   std::string host_id;    // its host identity
   std::string address;    // its engine address
@@ -239,7 +240,7 @@ struct PeerTransferStats {
 };
 
 // Counters since the engine was created. Cheap to take: no transfer waits for it.
-struct EngineStats {
+struct LARDER_EXPORT EngineStats {
   // One entry per (peer, route) that carried a request, sorted by engine_id then route.
   std::vector<PeerTransferStats> peers;
   // Peer segments mapped into this process over shm now, and their total size (address space;
@@ -263,7 +264,7 @@ enum class TransferOp : uint8_t {
   kWrite = 1,  // local -> segment
 };
 
-struct TransferRequest {
+struct LARDER_EXPORT TransferRequest {
   TransferOp op = TransferOp::kRead;
   void* local = nullptr;  // source (write) or destination (read); must stay valid until done
   SegmentHandle segment = 0;
@@ -271,13 +272,13 @@ struct TransferRequest {
   uint64_t length = 0;  // bytes; must be > 0 and offset + length <= segment size
 };
 
-struct TransferResult {
+struct LARDER_EXPORT TransferResult {
   Status status;                       // of this request alone
   uint64_t bytes = 0;                  // bytes moved; equals length when status is OK
   RouteKind route = RouteKind::kNone;  // route that moved the (last) bytes
 };
 
-class TransferEngine {
+class LARDER_EXPORT TransferEngine {
  public:
   // Creates an engine, starts its data server (and shm handoff server when shm is enabled).
   // Fails with InvalidArgument for an unknown protocol name or a bad listen address, and with the
@@ -385,14 +386,14 @@ class TransferEngine {
 // The protocol string that applies to `role` given explicit config `configured` (wins when
 // non-empty) and the environment: LARDER_STORE_PROTOCOL (store role only, when non-empty), then
 // LARDER_PROTOCOL, then "auto". Never modifies the environment.
-std::string ResolveProtocol(EngineRole role, const std::string& configured);
+LARDER_EXPORT std::string ResolveProtocol(EngineRole role, const std::string& configured);
 
 // Parses a protocol string into routes in preference order. InvalidArgument for unknown names
 // (the message lists the transports this build has).
-Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol);
+LARDER_EXPORT Result<std::vector<RouteKind>> ParseProtocol(std::string_view protocol);
 
 // How close a route is, from the transport registry: lower is closer (local, then device and shm,
 // then ucx, then tcp). Routes this build does not have rank last.
-int RoutePreference(RouteKind route);
+LARDER_EXPORT int RoutePreference(RouteKind route);
 
 }  // namespace larder

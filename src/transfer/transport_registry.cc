@@ -7,8 +7,15 @@
 
 namespace larder::transfer {
 
+// Registers every transport the build has (generated: builtin_transports.cc.in).
+void RegisterBuiltinTransports(TransportRegistry& registry);
+
 TransportRegistry& TransportRegistry::Global() {
-  static TransportRegistry* registry = new TransportRegistry();
+  static TransportRegistry* registry = [] {
+    auto* built = new TransportRegistry();
+    RegisterBuiltinTransports(*built);
+    return built;
+  }();
   return *registry;
 }
 

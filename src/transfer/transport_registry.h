@@ -34,6 +34,7 @@ struct SelectedTransport {
 
 class TransportRegistry {
  public:
+  // The process's registry, with every transport this build has.
   static TransportRegistry& Global();
 
   // Aborts on a duplicate or over-long name: both are programming errors of a build.
@@ -55,12 +56,13 @@ class TransportRegistry {
 
 }  // namespace larder::transfer
 
-// Registers a transport at static-initialization time: `name` (an identifier, also the route's
-// name), its preference for route choice, whether "auto" includes it, and `factory_fn`
-// (const TransportSelection& -> std::unique_ptr<Transport>).
-#define LARDER_REGISTER_TRANSPORT(name, preference, in_auto, factory_fn)       \
-  [[maybe_unused]] static const bool larder_transport_registered_##name = [] { \
-    ::larder::transfer::TransportRegistry::Global().Register(                  \
-        {#name, preference, in_auto, factory_fn});                             \
-    return true;                                                               \
-  }()
+// Defines the registration of a transport: `name` (an identifier, also the route's name), its
+// preference for route choice, whether "auto" includes it, and `factory_fn`
+// (const TransportSelection& -> std::unique_ptr<Transport>). Used once, in namespace
+// larder::transfer, in the transport's own source; the registry calls it when it is first used,
+// for every transport the build has (the generated builtin_transports.cc).
+#define LARDER_REGISTER_TRANSPORT(name, preference, in_auto, factory_fn) \
+  void RegisterTransport_##name(TransportRegistry& registry) {           \
+    registry.Register({#name, preference, in_auto, factory_fn});         \
+  }                                                                      \
+  static_assert(true, "a use of LARDER_REGISTER_TRANSPORT ends with ;")

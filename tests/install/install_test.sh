@@ -32,15 +32,27 @@ usr=$root$prefix
 
 for file in include/larder/store_client.h include/larder/transfer_engine.h \
   include/larder/status.h include/larder/version.h "$libdir/liblarder.so.$version" \
-  "$libdir/liblarder_store.so.$version" "$libdir/cmake/Larder/LarderConfig.cmake" \
+  "$libdir/cmake/Larder/LarderConfig.cmake" \
   "$libdir/cmake/Larder/LarderConfigVersion.cmake" "$libdir/pkgconfig/larder.pc" \
   bin/larder-master bin/larder-client bin/larder-ctl bin/larder-bench \
   lib/systemd/system/larder-master.service lib/systemd/system/larder-client.service; do
   [ -e "$usr/$file" ] || fail "$prefix/$file was not installed"
 done
-soname=$(readelf -d "$usr/$libdir/liblarder_store.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-[ "$soname" = "liblarder_store.so.${version%.*}" ] || fail "liblarder_store's soname is '$soname'"
+soname=$(readelf -d "$usr/$libdir/liblarder.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[ "$soname" = "liblarder.so.${version%.*}" ] || fail "liblarder's soname is '$soname'"
 [ -L "$usr/$libdir/liblarder.so" ] || fail "no liblarder.so development link"
+
+# liblarder exports the public API and nothing else: every larder symbol it defines is declared
+# in include/larder (namespace larder, outside the internal namespaces), and the API is there.
+exported=$(nm -D --defined-only -C "$usr/$libdir/liblarder.so.$version" | cut -d' ' -f3-)
+internal=$(grep -E 'larder::(transfer|master|client|standalone|etcd|proto|wire|bench|testutil)::' \
+  <<<"$exported" || true)
+[ -z "$internal" ] || fail "liblarder exports internal symbols, e.g.: $(head -n3 <<<"$internal")"
+for symbol in 'larder::StoreClient::Create(' 'larder::TransferEngine::Create(' 'larder::Version()' \
+  'larder::Status::ToString' 'larder::AttachStoreClient('; do
+  grep -qF -- "$symbol" <<<"$exported" || fail "liblarder does not export $symbol"
+done
+echo "liblarder exports $(grep -c 'larder::' <<<"$exported") larder symbols, none internal"
 grep -q "^ExecStart=$prefix/bin/larder-master \$LARDER_MASTER_OPTIONS$" \
   "$usr/lib/systemd/system/larder-master.service" || fail "larder-master.service: ExecStart"
 defaults=$(grep '^EnvironmentFile=-' "$usr/lib/systemd/system/larder-master.service" | cut -d- -f2-)
@@ -90,16 +102,16 @@ tools_deb=$work/packages/larder-tools_${version}_$arch.deb
 for deb in "$lib_deb" "$tools_deb"; do [ -f "$deb" ] || fail "no $(basename "$deb")"; done
 # (Each listing is read whole before it is searched: grep -q would cut dpkg-deb's pipe.)
 has() { grep -qF -- "$2" <<<"$1"; }
-has "$(dpkg-deb --contents "$lib_deb")" ".$prefix/$libdir/liblarder_store.so.$version" ||
-  fail "liblarder.deb lacks liblarder_store"
+has "$(dpkg-deb --contents "$lib_deb")" ".$prefix/$libdir/liblarder.so.$version" ||
+  fail "liblarder.deb lacks liblarder.so"
 has "$(dpkg-deb --contents "$lib_deb")" ".$prefix/include/larder/store_client.h" ||
   fail "liblarder.deb lacks the headers"
 has "$(dpkg-deb --contents "$tools_deb")" "/lib/systemd/system/larder-master.service" ||
   fail "larder-tools.deb lacks the larder-master unit"
 has "$(dpkg-deb --contents "$tools_deb")" "./etc/default/larder-client" ||
   fail "larder-tools.deb lacks /etc/default/larder-client"
-has "$(dpkg-deb --field "$tools_deb" Depends)" "liblarder (= $version)" ||
-  fail "larder-tools.deb does not depend on liblarder"
+has "$(dpkg-deb --field "$tools_deb" Depends)" "libgrpc++" ||
+  fail "larder-tools.deb does not depend on Debian's gRPC"
 has "$(dpkg-deb --field "$lib_deb" Depends)" "libgrpc++" ||
   fail "liblarder.deb does not depend on Debian's gRPC"
 has "$(dpkg-deb --info "$tools_deb" conffiles)" "/etc/default/larder-master" ||
