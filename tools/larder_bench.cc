@@ -231,6 +231,8 @@ int main(int argc, char** argv) {
   w->add_option("--segment-size", worker.segment_size, "bytes to contribute")
       ->transform(ByteSize(/*allow_zero=*/true));
   w->add_option("--segment-name", worker.segment_name, "segment name");
+  w->add_option("--device", worker.device,
+                "device to bind the client's thread to (device protocol)");
   w->add_flag("--json", worker_json, "accepted; replies are JSON anyway");
 
   larder::bench::MountBenchOptions mount;

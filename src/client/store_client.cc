@@ -409,10 +409,12 @@ class StoreClientImpl final : public StoreClient {
       if (info.name() != segment_name) continue;
       uint64_t id = info.segment_id();
       SegmentHandles opened;
-      OpenSegments(std::span(&id, 1), &opened);
+      std::vector<Status> failed;
+      OpenSegments(std::span(&id, 1), &opened, &failed);
       const SegmentHandleRank* segment = opened.Find(id);
       if (segment == nullptr) {
-        return UnavailableError("segment '" + info.name() + "' cannot be opened");
+        return UnavailableError("segment '" + info.name() + "' cannot be opened" +
+                                (failed.empty() ? std::string() : ": " + failed.back().ToString()));
       }
       return engine_->SegmentRoute(segment->handle);
     }
@@ -552,8 +554,10 @@ class StoreClientImpl final : public StoreClient {
     }
   }
 
-  // Opens (and caches) the segments; a segment that cannot be opened is left out of `opened`.
-  void OpenSegments(std::span<const uint64_t> ids, SegmentHandles* opened) {
+  // Opens (and caches) the segments; a segment that cannot be opened is left out of `opened`, and
+  // why is appended to *failed (when given).
+  void OpenSegments(std::span<const uint64_t> ids, SegmentHandles* opened,
+                    std::vector<Status>* failed = nullptr) {
     std::vector<uint64_t> missing;
     {
       MutexLock lock(cache_mu_);
@@ -576,6 +580,7 @@ class StoreClientImpl final : public StoreClient {
     Status status = master_.Call("ListSegments", &Stub::ListSegments, request, &reply);
     if (!status.ok()) {
       Log().warn("cannot resolve segments: {}", status.ToString());
+      if (failed != nullptr) failed->push_back(status);
       return;
     }
     for (const proto::SegmentInfo& info : reply.segments()) {
@@ -584,11 +589,13 @@ class StoreClientImpl final : public StoreClient {
         // Its replicas stay unreachable from here: their reads and writes say so per key.
         Log().warn("segment '{}' (id {}): the master's descriptor does not parse: {}", info.name(),
                    info.segment_id(), descriptor.status().ToString());
+        if (failed != nullptr) failed->push_back(descriptor.status());
         continue;
       }
       auto handle = engine_->OpenSegment(*descriptor);
       if (!handle.ok()) {
         Log().warn("cannot open segment '{}': {}", info.name(), handle.status().ToString());
+        if (failed != nullptr) failed->push_back(handle.status());
         continue;
       }
       auto route = engine_->SegmentRoute(*handle);

@@ -3,7 +3,8 @@
 // larder-e2e-peer: a second process for end-to-end tests.
 //   serve  export a segment filled with a known pattern, print "READY <address>" (and with
 //          --print-host-id "HOST <host id>"), serve until stdin closes; optionally as another uid
-//          (--uid) and non-dumpable (--non-dumpable)
+//          (--uid) and non-dumpable (--non-dumpable); on the device protocol, in the (emulated)
+//          device memory of --device
 //   probe  open a peer's segment (optionally after dropping to another uid), read it, and print
 //          "ROUTE <route>" and "STATUS <code name>" ; exits 0 when the probe ran
 #include <grp.h>
@@ -16,6 +17,7 @@
 
 #include "bench/process.h"
 #include "larder/transfer_engine.h"
+#include "transfer/device/device_transport.h"
 
 namespace {
 
@@ -34,7 +36,15 @@ bool SwitchToUid(int uid, const char* who) {
 }
 
 int Serve(const std::string& protocol, uint64_t size, const std::string& token, int allowed_uid,
-          bool print_host_id, int uid, bool non_dumpable) {
+          bool print_host_id, int uid, bool non_dumpable, int device) {
+  // The device transport initializes on this thread's current device, as with a real GPU.
+  if (device >= 0) {
+    if (auto bound = larder::transfer::DefaultDeviceBackend()->SetCurrentDevice(device);
+        !bound.ok()) {
+      std::cerr << "serve: " << bound << "\n";
+      return 1;
+    }
+  }
   if (uid >= 0) {
     if (!SwitchToUid(uid, "serve")) return 2;
     // The kernel clears the dumpable flag whenever credentials change; a process started as `uid`
@@ -109,7 +119,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string protocol = "auto", token, target;
   uint64_t size = 64ULL << 20;
-  int allowed_uid = -1, uid = -1;
+  int allowed_uid = -1, uid = -1, device = -1;
   bool print_host_id = false, non_dumpable = false;
   auto* serve = app.add_subcommand("serve", "export a patterned segment named 'e2e'");
   serve->add_option("--protocol", protocol)->capture_default_str();
@@ -119,13 +129,14 @@ int main(int argc, char** argv) {
   serve->add_flag("--print-host-id", print_host_id, "print \"HOST <host id>\" after READY");
   serve->add_option("--uid", uid, "switch to this uid (and gid) first (needs root)");
   serve->add_flag("--non-dumpable", non_dumpable, "set TransferEngineOptions::non_dumpable");
+  serve->add_option("--device", device, "bind to this (emulated) device first (device protocol)");
   auto* probe = app.add_subcommand("probe", "open a peer's 'e2e' segment and read it");
   probe->add_option("--target", target)->required();
   probe->add_option("--protocol", protocol)->capture_default_str();
   probe->add_option("--uid", uid, "switch to this uid first (needs root)");
   CLI11_PARSE(app, argc, argv);
   if (serve->parsed()) {
-    return Serve(protocol, size, token, allowed_uid, print_host_id, uid, non_dumpable);
+    return Serve(protocol, size, token, allowed_uid, print_host_id, uid, non_dumpable, device);
   }
   return Probe(target, protocol, uid);
 }

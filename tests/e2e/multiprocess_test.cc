@@ -16,6 +16,7 @@
 
 #include "bench/process.h"
 #include "larder/transfer_engine.h"
+#include "transfer/device/emulated_device.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder {
@@ -88,6 +89,73 @@ TEST(MultiProcessTest, TwoProcessesOnOneHostTakeShm) {
   EXPECT_EQ(engine->SegmentRoute(*segment).value(), RouteKind::kSameHostShm);
   ExpectPattern(*engine, *segment, 12345, 3 << 20, RouteKind::kSameHostShm);
   ExpectWriteReadBack(*engine, *segment, 40 << 20, 5 << 20);
+}
+
+// PD engines on the device protocol in two processes of one host, each on its own device: this
+// process's device buffers (memory of its own device, from its engine) move to and from the peer's
+// device segment over the device route, which imports the peer's handle.
+TEST(MultiProcessTest, PdEnginesMoveDeviceBuffersBetweenProcesses) {
+  auto peer = SpawnPeer(
+      {"--protocol", "device", "--device", "2", "--segment-size", std::to_string(16 << 20)});
+  transfer::EmulatedDevice binder;  // the current device is per thread, for every instance
+  ASSERT_TRUE(binder.SetCurrentDevice(5).ok());
+  auto engine = MakeEngine("device");
+  ASSERT_TRUE(engine);
+  auto buffers = engine->AllocateSegmentMemory(8 << 20);  // device memory of device 5
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  ASSERT_EQ((*buffers)->kind(), MemoryKind::kDevice);  // natively registered when allocated
+  auto segment = engine->OpenSegment(peer.address(), "e2e");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(engine->SegmentRoute(*segment).value(), RouteKind::kDevice);
+
+  // Read 3 MiB at an odd offset into the device buffer (crossing 2 MiB boundaries on both sides).
+  auto* device_bytes = static_cast<uint8_t*>((*buffers)->data());
+  constexpr uint64_t kLength = 3 << 20, kOffset = 12345;
+  TransferRequest read{TransferOp::kRead, device_bytes + 4096, *segment, kOffset, kLength};
+  auto results = engine->TransferSync({&read, 1}, 20s);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_TRUE((*results)[0].status.ok()) << (*results)[0].status;
+  EXPECT_EQ((*results)[0].route, RouteKind::kDevice);
+  for (uint64_t i = 0; i < kLength; ++i) {
+    ASSERT_EQ(device_bytes[4096 + i], PatternByte(kOffset + i)) << "byte " << i;
+  }
+  // Write from the device buffer into the peer's segment, then read it back elsewhere.
+  for (uint64_t i = 0; i < kLength; ++i) device_bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  TransferRequest write{TransferOp::kWrite, device_bytes, *segment, 9 << 20, kLength};
+  auto written = engine->TransferSync({&write, 1}, 20s);
+  ASSERT_TRUE(written.ok() && (*written)[0].status.ok());
+  TransferRequest back{TransferOp::kRead, device_bytes + (4 << 20), *segment, 9 << 20, kLength};
+  auto read_back = engine->TransferSync({&back, 1}, 20s);
+  ASSERT_TRUE(read_back.ok() && (*read_back)[0].status.ok());
+  EXPECT_EQ(std::memcmp(device_bytes, device_bytes + (4 << 20), kLength), 0);
+  EXPECT_GE(engine->Stats().ByRoute(RouteKind::kDevice).bytes, 3 * kLength);
+  binder.SetCurrentDevice(-1).IgnoreError();
+}
+
+// A peer whose device has no peer access to this one's: the device route refuses, saying why.
+TEST(MultiProcessTest, DeviceSegmentsOfADeviceWithoutPeerAccessAreRefused) {
+  testutil::ScopedEnv peers("LARDER_EMULATED_DEVICE_PEERS", "0-3,4-7");
+  auto peer = SpawnPeer(
+      {"--protocol", "device", "--device", "1", "--segment-size", std::to_string(4 << 20)},
+      {{"LARDER_EMULATED_DEVICE_PEERS", "0-3,4-7"}});
+  transfer::EmulatedDevice binder;
+  ASSERT_TRUE(binder.SetCurrentDevice(6).ok());
+  auto engine = MakeEngine("device");
+  ASSERT_TRUE(engine);
+  auto buffers = engine->AllocateSegmentMemory(2 << 20);  // initializes on device 6
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  auto segment = engine->OpenSegment(peer.address(), "e2e");
+  Status refused = segment.ok() ? engine->SegmentRoute(*segment).status() : segment.status();
+  if (segment.ok() && refused.ok()) {
+    std::vector<uint8_t> buf(4096);
+    TransferRequest r{TransferOp::kRead, buf.data(), *segment, 0, buf.size()};
+    auto results = engine->TransferSync({&r, 1}, 20s);
+    ASSERT_TRUE(results.ok());
+    refused = (*results)[0].status;
+  }
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("no peer access"), std::string::npos) << refused;
+  binder.SetCurrentDevice(-1).IgnoreError();
 }
 
 TEST(MultiProcessTest, DifferentHostIdsTakeTcp) {

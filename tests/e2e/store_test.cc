@@ -52,10 +52,13 @@ Master StartMaster(std::vector<std::string> flags, const std::string& port = "0"
 
 ChildProcess StartWorker(const Master& master, const std::string& name,
                          const std::string& segment_size = "64M",
-                         std::map<std::string, std::string> env = {}) {
-  auto child = ChildProcess::Spawn({Bin("larder-bench"), "store-worker", "--master", master.address,
-                                    "--segment-size", segment_size, "--segment-name", name},
-                                   env, seconds(20));
+                         std::map<std::string, std::string> env = {},
+                         std::vector<std::string> flags = {}) {
+  std::vector<std::string> argv = {
+      Bin("larder-bench"), "store-worker", "--master",       master.address,
+      "--segment-size",    segment_size,   "--segment-name", name};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto child = ChildProcess::Spawn(argv, env, seconds(20));
   EXPECT_TRUE(child.ok()) << child.status();
   return child.ok() ? std::move(*child) : ChildProcess();
 }
@@ -202,6 +205,56 @@ TEST(StoreE2ETest, StoreProtocolTcpTakesTheNetworkPath) {
   EXPECT_EQ(Put(a, "k/", 50, 256 * 1024, "b")["ok"], 50);
   json got = Get(a, "k/", 50, 256 * 1024);
   EXPECT_EQ(got["verified"], 50) << got;
+}
+
+// Two processes of one host on the device protocol, each with its segment in (emulated) device
+// memory on its own device: each reads and writes the other's through the device route (the
+// owner's exported handle, imported on the reader's device), never through the network.
+TEST(StoreE2ETest, TheDeviceProtocolMovesBytesBetweenProcessesThroughDeviceMemory) {
+  Master master = StartMaster({});
+  const std::map<std::string, std::string> device_env = {{"LARDER_STORE_PROTOCOL", "device"}};
+  ChildProcess a = StartWorker(master, "a", "32M", device_env, {"--device", "0"});
+  ChildProcess b = StartWorker(master, "b", "32M", device_env, {"--device", "1"});
+  EXPECT_EQ(Send(a, {{"cmd", "route"}, {"segment", "b"}})["route"], "device");
+  EXPECT_EQ(Send(b, {{"cmd", "route"}, {"segment", "a"}})["route"], "device");
+  constexpr uint64_t kValue = 3 << 20;  // crosses 2 MiB registration boundaries on both sides
+  EXPECT_EQ(Put(a, "into-b/", 6, kValue, "b")["ok"], 6);
+  EXPECT_EQ(Put(b, "into-a/", 6, kValue, "a")["ok"], 6);
+  for (ChildProcess* reader : {&a, &b}) {
+    for (const char* prefix : {"into-a/", "into-b/"}) {
+      json got = Get(*reader, prefix, 6, kValue);
+      EXPECT_EQ(got["verified"], 6) << prefix << got;
+      EXPECT_EQ(got["wrong"], 0) << got;
+    }
+  }
+  json stats = Send(a, {{"cmd", "stats"}});
+  EXPECT_GE(stats["routes"]["device"]["bytes"].get<uint64_t>(), 12 * kValue) << stats;
+  EXPECT_FALSE(stats["routes"].contains("tcp")) << stats;
+  EXPECT_FALSE(stats["routes"].contains("shm")) << stats;
+}
+
+// Devices without peer access to each other: the device route refuses the other's memory (the
+// import fails, and the caller learns why), and no CPU route touches device memory; a device of
+// the same group is reached over the device route.
+TEST(StoreE2ETest, DevicesWithoutPeerAccessCannotReachEachOthersMemory) {
+  Master master = StartMaster({});
+  const std::map<std::string, std::string> env = {{"LARDER_STORE_PROTOCOL", "device,tcp"},
+                                                  {"LARDER_EMULATED_DEVICE_PEERS", "0-3,4-7"}};
+  ChildProcess a = StartWorker(master, "a", "16M", env, {"--device", "1"});
+  ChildProcess near = StartWorker(master, "near", "16M", env, {"--device", "2"});
+  ChildProcess far = StartWorker(master, "far", "16M", env, {"--device", "5"});
+  EXPECT_EQ(Send(a, {{"cmd", "route"}, {"segment", "near"}})["route"], "device");
+  ASSERT_TRUE(a.WriteLine(json{{"cmd", "route"}, {"segment", "far"}}.dump()).ok());
+  auto refused = a.ReadLine(seconds(20));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_NE(refused->find("device 1 has no peer access to device 5"), std::string::npos)
+      << *refused;
+  EXPECT_EQ(Put(a, "near/", 4, 1 << 20, "near")["ok"], 4);
+  json got = Get(a, "near/", 4, 1 << 20);
+  EXPECT_EQ(got["verified"], 4) << got;
+  // The far owner reads its own segment; its peer in the same group reads it too.
+  EXPECT_EQ(Put(far, "far/", 2, 1 << 20, "far")["ok"], 2);
+  EXPECT_EQ(Get(far, "far/", 2, 1 << 20)["verified"], 2);
 }
 
 TEST(StoreE2ETest, BadInputGetsClearErrorsAndTheMasterKeepsServing) {

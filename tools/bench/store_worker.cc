@@ -13,6 +13,7 @@
 #include "bench/values.h"
 #include "common/env.h"
 #include "larder/store_client.h"
+#include "transfer/device/device_transport.h"
 
 namespace larder::bench {
 namespace {
@@ -320,6 +321,9 @@ Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions
   client_options.protocol = options.protocol;
   client_options.global_segment_size = options.segment_size;
   if (!options.segment_name.empty()) client_options.segment_name = options.segment_name;
+  if (options.device >= 0) {
+    LARDER_RETURN_IF_ERROR(transfer::DefaultDeviceBackend()->SetCurrentDevice(options.device));
+  }
   return StoreClient::Create(client_options);
 }
 

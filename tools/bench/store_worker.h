@@ -56,6 +56,9 @@ struct StoreWorkerOptions {
   std::string protocol;
   uint64_t segment_size = 256ull << 20;
   std::string segment_name;
+  // The device the worker's thread is bound to before its client starts (as a serving process
+  // calls cudaSetDevice): the device transport initializes there. -1: none.
+  int device = -1;
 };
 
 // Runs the command loop; returns the process exit code.

@@ -10,18 +10,35 @@
 //    Init ran on is accepted;
 //  - registrations are aligned to registration_granularity() and may not overlap;
 //  - a copy must stay inside one registration on each side, except that host memory of the
-//    initiator needs no registration when reads_unregistered_host_memory() is true.
+//    initiator needs no registration when reads_unregistered_host_memory() is true;
+//  - device memory of another process of the same host is reached through an exported handle
+//    (ExportAllocation there, ImportAllocation here): only on that host, only from a device with
+//    peer access to the exporting one, and only while the exporter holds the allocation. A copy
+//    must stay inside one import, as inside one registration.
 //
 // Thread safety: implementations must accept calls from any thread (each checked against the
 // calling thread's current device).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "larder/status.h"
 
 namespace larder::transfer {
+
+// The most bytes a device memory handle (ExportAllocation) may take; longer ones are refused
+// before they are parsed.
+inline constexpr size_t kMaxDeviceHandleBytes = 512;
+
+// Device memory of another process, mapped here (ImportAllocation).
+struct ImportedAllocation {
+  void* base = nullptr;
+  uint64_t size = 0;
+  int exporter_device = -1;  // the device that holds the memory
+};
 
 class DeviceBackend {
  public:
@@ -58,6 +75,22 @@ class DeviceBackend {
   virtual Result<uint64_t> SubmitCopy(void* dst, const void* src, uint64_t length) = 0;
   // True when the copy finished; its error when it failed. NotFound for unknown ids.
   virtual Result<bool> QueryCopy(uint64_t id) = 0;
+
+  // ---- device memory shared between processes of one host ----
+
+  // An opaque handle (at most kMaxDeviceHandleBytes) to the whole allocation at `ptr`, as
+  // returned by Allocate, that a backend in another process of this host imports (what
+  // cudaIpcGetMemHandle or a fabric's shared memory handle gives). InvalidArgument for a pointer
+  // that is no allocation of this backend.
+  virtual Result<std::string> ExportAllocation(void* ptr) = 0;
+  // Maps an exported allocation for the initialized device (cudaIpcOpenMemHandle). The mapping is
+  // device memory of this backend until CloseImport: copies may read and write it, each inside
+  // its bounds. InvalidArgument for a malformed handle; FailedPrecondition for a handle of another
+  // host, of this process, of a device without peer access to the initialized one, or of an
+  // allocation its exporter freed (or whose exporter exited).
+  virtual Result<ImportedAllocation> ImportAllocation(std::string_view handle) = 0;
+  // Unmaps an import by its base. NotFound when `base` is no import.
+  virtual Status CloseImport(void* base) = 0;
 };
 
 }  // namespace larder::transfer

@@ -1,6 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/device/device_transport.h"
 
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/copy_executor.h"
@@ -99,42 +100,134 @@ class DeviceTransport final : public Transport {
     return s.code() == StatusCode::kNotFound ? Status() : s;  // bypassed buffers were never tracked
   }
 
+  // Device memory that this backend allocated is exported as the backend's handle, so that
+  // another process of this host can map it (ImportAllocation); other device memory (registered
+  // from another allocator) is reached by this engine only.
+  Result<std::string> Export(const SegmentDescriptor& descriptor, uint8_t* base) override {
+    if (descriptor.memory_kind != MemoryKind::kDevice) return std::string();
+    LARDER_ASSIGN_OR_RETURN(int device, RecordedDevice());
+    DeviceScope scope(*backend_, device);
+    LARDER_RETURN_IF_ERROR(scope.status());
+    Result<std::string> handle = backend_->ExportAllocation(base);
+    if (!handle.ok() && handle.status().code() == StatusCode::kInvalidArgument) {
+      return std::string();  // not an allocation of ours: no handle to give
+    }
+    LARDER_RETURN_IF_ERROR(
+        handle.status().WithContext("exporting device segment '" + descriptor.name + "'"));
+    if (handle->size() > kMaxDeviceHandleBytes) {
+      return InternalError("the device backend's handle takes " + std::to_string(handle->size()) +
+                           " bytes (at most " + std::to_string(kMaxDeviceHandleBytes) + ")");
+    }
+    return std::move(handle).value();
+  }
+
+  // Device memory of this engine, or of another engine of this host that exported a handle.
   bool CanReach(const SegmentDescriptor& d) const override {
-    return d.memory_kind == MemoryKind::kDevice && d.engine_id == context_.engine_id;
+    if (d.memory_kind != MemoryKind::kDevice) return false;
+    if (d.engine_id == context_.engine_id) return true;
+    const std::string* handle = d.TransportBlob("device");
+    return handle != nullptr && !handle->empty() && handle->size() <= kMaxDeviceHandleBytes &&
+           d.host_id == context_.host_id;
   }
 
   Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override {
     if (!CanReach(descriptor)) {
       return FailedPreconditionError("segment '" + descriptor.name +
-                                     "' is not device memory of this engine");
+                                     "' is not device memory of this engine or of an engine of "
+                                     "this host that exports it");
     }
-    LARDER_ASSIGN_OR_RETURN(ExportedSegment exported, context_.exports->Get(descriptor.segment_id));
-    return std::make_shared<DeviceSegment>(descriptor, exported.base);
+    if (descriptor.engine_id == context_.engine_id) {
+      LARDER_ASSIGN_OR_RETURN(ExportedSegment exported,
+                              context_.exports->Get(descriptor.segment_id));
+      return std::make_shared<DeviceSegment>(descriptor, exported.base, nullptr);
+    }
+    // Another process's: map its allocation for the device this engine is bound to (which
+    // initializes the library here first, on the calling thread's current device).
+    LARDER_ASSIGN_OR_RETURN(int device, EnsureInit());
+    DeviceScope scope(*backend_, device);
+    LARDER_RETURN_IF_ERROR(scope.status());
+    Result<ImportedAllocation> imported =
+        backend_->ImportAllocation(*descriptor.TransportBlob("device"));
+    LARDER_RETURN_IF_ERROR(imported.status().WithContext(
+        "importing device segment '" + descriptor.name + "' of " + descriptor.engine_id));
+    auto import = std::make_shared<Import>(backend_, device, *imported);
+    if (imported->size < descriptor.size) {
+      return FailedPreconditionError(
+          "device segment '" + descriptor.name + "' says " + std::to_string(descriptor.size) +
+          " bytes; its exported allocation has " + std::to_string(imported->size));
+    }
+    return std::make_shared<DeviceSegment>(descriptor, static_cast<uint8_t*>(imported->base),
+                                           std::move(import));
   }
 
   void Submit(RemoteSegment& segment, std::span<Slice* const> slices,
               SliceCallback* done) override {
-    uint8_t* base = static_cast<DeviceSegment&>(segment).base();
+    auto& device_segment = static_cast<DeviceSegment&>(segment);
+    uint8_t* base = device_segment.base();
+    // An imported segment stays mapped while a copy through it runs, even if it is closed.
+    std::shared_ptr<Import> hold = device_segment.import();
+    if (device_segment.imported() && hold == nullptr) {
+      for (Slice* s : slices) {
+        done->OnSliceDone(
+            s, UnavailableError("device segment '" + segment.descriptor().name + "' was closed"));
+      }
+      return;
+    }
     auto device = RecordedDevice();
     if (!device.ok()) {
       for (Slice* s : slices) done->OnSliceDone(s, device.status());
       return;
     }
     ExecuteCopies(context_.copy_pool, context_.options->inline_copy_bytes, slices, done,
-                  [this, base, d = *device](Slice* s, uint64_t begin, uint64_t length) {
+                  [this, base, hold, d = *device](Slice* s, uint64_t begin, uint64_t length) {
+                    (void)hold;  // held for the mapping's sake
                     return CopyRange(d, *s, base, begin, length);
                   });
   }
 
  private:
+  // Another process's device allocation mapped here; unmapped when the last holder lets go.
+  struct Import {
+    Import(std::shared_ptr<DeviceBackend> b, int d, ImportedAllocation a)
+        : backend(std::move(b)), device(d), allocation(a) {}
+    ~Import() {
+      DeviceScope scope(*backend, device);
+      if (Status closed = backend->CloseImport(allocation.base); !closed.ok()) {
+        Log().warn("imported device memory at {} not unmapped: {}", allocation.base,
+                   closed.ToString());
+      }
+    }
+    Import(const Import&) = delete;
+    Import& operator=(const Import&) = delete;
+    std::shared_ptr<DeviceBackend> backend;
+    int device;
+    ImportedAllocation allocation;
+  };
+
   class DeviceSegment final : public RemoteSegment {
    public:
-    DeviceSegment(SegmentDescriptor descriptor, uint8_t* base)
-        : RemoteSegment(std::move(descriptor)), base_(base) {}
+    DeviceSegment(SegmentDescriptor descriptor, uint8_t* base, std::shared_ptr<Import> import)
+        : RemoteSegment(std::move(descriptor)),
+          base_(base),
+          imported_(import != nullptr),
+          import_(std::move(import)) {}
     uint8_t* base() const { return base_; }
+    bool imported() const { return imported_; }
+    // The import to copy through; null once closed (and for this engine's own segments).
+    std::shared_ptr<Import> import() const {
+      MutexLock lock(mu_);
+      return import_;
+    }
+    void Close() override {
+      MutexLock lock(mu_);
+      import_.reset();  // unmapped once the copies running through it end
+    }
 
    private:
-    uint8_t* base_;
+    uint8_t* const base_;
+    const bool imported_;
+    mutable Mutex mu_;
+    std::shared_ptr<Import> import_ LARDER_GUARDED_BY(mu_);
   };
 
   RegistrationCoverage::NativeRegister Native() {
@@ -199,7 +292,21 @@ std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> 
   return std::make_unique<DeviceTransport>(std::move(backend));
 }
 
-std::shared_ptr<DeviceBackend> DefaultDeviceBackend() { return std::make_shared<EmulatedDevice>(); }
+std::shared_ptr<DeviceBackend> DefaultDeviceBackend() {
+  EmulatedDeviceOptions options;
+  if (std::string peers = GetEnv("LARDER_EMULATED_DEVICE_PEERS"); !peers.empty()) {
+    Result<std::vector<int>> groups = ParsePeerGroups(peers, options.device_count);
+    if (groups.ok()) {
+      options.peer_groups = std::move(groups).value();
+    } else {
+      // Fail closed: no device reaches another's memory.
+      Log().error("LARDER_EMULATED_DEVICE_PEERS: {}; no emulated device has peer access",
+                  groups.status().ToString());
+      options.peer_groups.assign(static_cast<size_t>(options.device_count), -1);
+    }
+  }
+  return std::make_shared<EmulatedDevice>(std::move(options));
+}
 
 // Device memory of this engine: as close as a route gets after local. Never in "auto": device
 // memory is asked for by name.

@@ -14,8 +14,11 @@
 //    and its destination, so each native copy stays inside one registration on each side;
 //  - local bypass: when the backend reads unregistered host memory, initiator host buffers need
 //    no native registration.
-// Today the route reaches device segments of the same engine; reaching other processes' device
-// memory needs the backend's IPC export (docs/devices.md).
+//  - device memory across processes: a segment allocated by the backend is exported with the
+//    backend's handle (the transport's blob in the descriptor); an engine of the same host opens
+//    it by importing the handle on its own device (peer access, staleness and bounds are the
+//    backend's rules), keeps the mapping while the segment is open and copies into it with the
+//    same coverage and splitting rules.
 #pragma once
 
 #include <memory>

@@ -1,27 +1,211 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/device/emulated_device.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstring>
 
 #include "common/env.h"
+#include "common/net.h"
 
 namespace larder::transfer {
 namespace {
 
 thread_local int current_device = -1;
 
+// The name of every allocation's memfd: this prefix and the allocation's tag.
+constexpr std::string_view kMemfdPrefix = "larder-emulated-device-";
+constexpr std::string_view kHandleMagic = "LDEVH1";
+constexpr size_t kTagBytes = 16;  // random bytes, 32 hex digits in the name
+
+// What a handle says (see EncodeHandle for its layout).
+struct Handle {
+  std::string host_id;
+  int32_t pid = 0;
+  int32_t fd = -1;
+  int32_t device = -1;
+  uint64_t size = 0;
+  std::string tag;
+};
+
+template <typename T>
+void Put(std::string* out, T value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+template <typename T>
+bool Take(std::string_view* in, T* value) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(value, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
+
+// magic | u16 host id length | host id | i32 pid | i32 fd | i32 device | u64 size | u8 tag
+// length | tag (host byte order: a handle never leaves its host).
+std::string EncodeHandle(const Handle& handle) {
+  std::string out(kHandleMagic);
+  Put(&out, static_cast<uint16_t>(handle.host_id.size()));
+  out += handle.host_id;
+  Put(&out, handle.pid);
+  Put(&out, handle.fd);
+  Put(&out, handle.device);
+  Put(&out, handle.size);
+  Put(&out, static_cast<uint8_t>(handle.tag.size()));
+  out += handle.tag;
+  return out;
+}
+
+Result<Handle> DecodeHandle(std::string_view in) {
+  auto malformed = [](const char* what) {
+    return InvalidArgumentError(std::string("malformed device memory handle: ") + what);
+  };
+  if (in.size() > kMaxDeviceHandleBytes) return malformed("longer than any handle");
+  if (!in.starts_with(kHandleMagic)) return malformed("not an emulated device's handle");
+  in.remove_prefix(kHandleMagic.size());
+  Handle handle;
+  uint16_t host_size = 0;
+  if (!Take(&in, &host_size) || in.size() < host_size) return malformed("truncated host id");
+  handle.host_id = std::string(in.substr(0, host_size));
+  in.remove_prefix(host_size);
+  uint8_t tag_size = 0;
+  if (!Take(&in, &handle.pid) || !Take(&in, &handle.fd) || !Take(&in, &handle.device) ||
+      !Take(&in, &handle.size) || !Take(&in, &tag_size)) {
+    return malformed("truncated");
+  }
+  if (in.size() != tag_size || tag_size != 2 * kTagBytes) return malformed("bad tag");
+  handle.tag = std::string(in);
+  if (handle.pid <= 0 || handle.fd < 0 || handle.device < 0 || handle.size == 0) {
+    return malformed("bad process, fd, device or size");
+  }
+  for (char c : handle.tag) {
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return malformed("bad tag");
+  }
+  return handle;
+}
+
+std::string RandomTag() {
+  uint8_t bytes[kTagBytes];
+  RandomBytes(bytes, sizeof(bytes));
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string tag;
+  for (uint8_t b : bytes) {
+    tag += kDigits[b >> 4];
+    tag += kDigits[b & 15];
+  }
+  return tag;
+}
+
+// Whether the link at `path` (a /proc/<pid>/fd/<fd>) is the memfd of the allocation `tag`.
+bool IsMemfdOf(const std::string& path, std::string_view tag) {
+  char target[256];
+  ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+  if (n <= 0) return false;
+  std::string_view name(target, static_cast<size_t>(n));
+  // "/memfd:<name> (deleted)"
+  constexpr std::string_view kMemfd = "/memfd:";
+  if (!name.starts_with(kMemfd)) return false;
+  name.remove_prefix(kMemfd.size());
+  if (!name.starts_with(kMemfdPrefix)) return false;
+  name.remove_prefix(kMemfdPrefix.size());
+  return name.starts_with(tag) && (name.size() == tag.size() || name[tag.size()] == ' ');
+}
+
+std::string ProcFd(int pid, int fd) {
+  return "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+}
+
+// Maps `length` bytes of `fd` (shared) at an address aligned to `alignment`, as device memory is.
+Result<void*> MapAligned(int fd, uint64_t length, uint64_t alignment) {
+  const uint64_t span = length + alignment;
+  void* raw = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return ResourceExhaustedError("emulated device memory exhausted");
+  const auto start = reinterpret_cast<uint64_t>(raw);
+  const uint64_t aligned = (start + alignment - 1) / alignment * alignment;
+  void* mapped = mmap(reinterpret_cast<void*>(aligned), length, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_FIXED, fd, 0);
+  if (mapped == MAP_FAILED) {
+    const int err = errno;
+    munmap(raw, span);
+    return ErrnoToStatus(err, "mapping emulated device memory");
+  }
+  if (aligned > start) munmap(raw, aligned - start);
+  const uint64_t tail = start + span - (aligned + length);
+  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + length), tail);
+  return mapped;
+}
+
 }  // namespace
 
-EmulatedDevice::EmulatedDevice(EmulatedDeviceOptions options) : options_(options) {
+Result<std::vector<int>> ParsePeerGroups(std::string_view spec, int device_count) {
+  if (spec.empty() || spec == "all") return std::vector<int>();
+  std::vector<int> groups(static_cast<size_t>(device_count), -1);
+  auto bad = [&](const std::string& why) {
+    return InvalidArgumentError("peer groups '" + std::string(spec) + "': " + why +
+                                " (expected e.g. 0-3,4-7)");
+  };
+  auto number = [&](std::string_view text, int* out) {
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+    return ec == std::errc() && end == text.data() + text.size() && *out >= 0 &&
+           *out < device_count;
+  };
+  int group = 0;
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    int first = 0, last = 0;
+    const size_t dash = item.find('-');
+    if (!number(item.substr(0, dash), &first) ||
+        !number(dash == std::string_view::npos ? item : item.substr(dash + 1), &last) ||
+        last < first) {
+      return bad("'" + std::string(item) + "' is no device or range of the " +
+                 std::to_string(device_count));
+    }
+    for (int d = first; d <= last; ++d) {
+      if (groups[static_cast<size_t>(d)] != -1) {
+        return bad("device " + std::to_string(d) + " is in two groups");
+      }
+      groups[static_cast<size_t>(d)] = group;
+    }
+    ++group;
+  }
+  return groups;
+}
+
+EmulatedDevice::EmulatedDevice(EmulatedDeviceOptions options)
+    : options_(std::move(options)),
+      host_id_(options_.host_id.empty() ? DefaultHostId() : options_.host_id) {
   registration_fault_at_ = options_.fail_registration;
   copy_fault_at_ = options_.fail_copy;
 }
 
 EmulatedDevice::~EmulatedDevice() {
   MutexLock lock(mu_);
-  for (auto& [begin, length] : allocations_) munmap(reinterpret_cast<void*>(begin), length);
+  for (auto& [begin, allocation] : allocations_) {
+    munmap(reinterpret_cast<void*>(begin), allocation.length);
+    close(allocation.fd);
+  }
+  for (auto& [base, import] : imports_) munmap(reinterpret_cast<void*>(base), import.length);
+}
+
+bool EmulatedDevice::HasPeerAccess(int from, int to) const {
+  if (from == to) return true;
+  const auto& groups = options_.peer_groups;
+  if (groups.empty()) return true;
+  if (from < 0 || to < 0 || static_cast<size_t>(from) >= groups.size() ||
+      static_cast<size_t>(to) >= groups.size()) {
+    return false;
+  }
+  return groups[static_cast<size_t>(from)] >= 0 &&
+         groups[static_cast<size_t>(from)] == groups[static_cast<size_t>(to)];
 }
 
 Status EmulatedDevice::SetCurrentDevice(int device) {
@@ -80,18 +264,28 @@ Result<void*> EmulatedDevice::Allocate(uint64_t size) {
   LARDER_RETURN_IF_ERROR(CheckBound("alloc"));
   if (size == 0) return InvalidArgumentError("alloc of 0 bytes");
   const uint64_t g = options_.granularity;
-  uint64_t rounded = (size + g - 1) / g * g;
-  // Over-allocate, then trim so the block is aligned to the granularity like device memory.
-  uint64_t span = rounded + g;
-  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return ResourceExhaustedError("emulated device memory exhausted");
-  auto start = reinterpret_cast<uint64_t>(raw);
-  uint64_t aligned = (start + g - 1) / g * g;
-  if (aligned > start) munmap(raw, aligned - start);
-  uint64_t tail = start + span - (aligned + rounded);
-  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + rounded), tail);
-  allocations_[aligned] = rounded;
-  return reinterpret_cast<void*>(aligned);
+  const uint64_t rounded = (size + g - 1) / g * g;
+  // A memfd, so that another process can map it (ExportAllocation).
+  Allocation allocation;
+  allocation.length = rounded;
+  allocation.tag = RandomTag();
+  const std::string name = std::string(kMemfdPrefix) + allocation.tag;
+  allocation.fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (allocation.fd < 0) return ErrnoToStatus(errno, "emulated device memory (memfd_create)");
+  if (ftruncate(allocation.fd, static_cast<off_t>(rounded)) != 0) {
+    const int err = errno;
+    close(allocation.fd);
+    return err == ENOMEM || err == ENOSPC
+               ? ResourceExhaustedError("emulated device memory exhausted")
+               : ErrnoToStatus(err, "emulated device memory (ftruncate)");
+  }
+  Result<void*> mapped = MapAligned(allocation.fd, rounded, g);
+  if (!mapped.ok()) {
+    close(allocation.fd);
+    return mapped.status();
+  }
+  allocations_[reinterpret_cast<uint64_t>(*mapped)] = std::move(allocation);
+  return *mapped;
 }
 
 Status EmulatedDevice::Free(void* ptr) {
@@ -99,7 +293,8 @@ Status EmulatedDevice::Free(void* ptr) {
   LARDER_RETURN_IF_ERROR(CheckBound("free"));
   auto it = allocations_.find(reinterpret_cast<uint64_t>(ptr));
   if (it == allocations_.end()) return InvalidArgumentError("free of unknown device pointer");
-  munmap(ptr, it->second);
+  munmap(ptr, it->second.length);
+  close(it->second.fd);  // importers' mappings stay, but their handles no longer open
   allocations_.erase(it);
   return Status();
 }
@@ -153,15 +348,39 @@ bool EmulatedDevice::IsDeviceMemory(const void* ptr, uint64_t length) const {
 }
 
 bool EmulatedDevice::TouchesDeviceMemory(uint64_t p, uint64_t length) const {
-  // Any overlap with an allocation counts: a host range may not run into device memory either.
-  auto it = allocations_.upper_bound(p);
-  if (it != allocations_.end() && it->first < p + length) return true;
-  if (it == allocations_.begin()) return false;
-  --it;
-  return p < it->first + it->second;
+  // Any overlap with an allocation or an import counts: a host range may not run into device
+  // memory either.
+  auto touches = [&](const auto& ranges) {
+    auto it = ranges.upper_bound(p);
+    if (it != ranges.end() && it->first < p + length) return true;
+    if (it == ranges.begin()) return false;
+    --it;
+    return p < it->first + it->second.length;
+  };
+  return touches(allocations_) || touches(imports_);
 }
 
 Status EmulatedDevice::CheckCopySide(const char* side, uint64_t p, uint64_t length) const {
+  auto import = imports_.upper_bound(p);
+  if (import != imports_.begin()) {
+    --import;
+    const uint64_t base = import->first;
+    const Import& mapped = import->second;
+    if (p >= base && p - base < mapped.length) {
+      if (length > mapped.length - (p - base)) {
+        return InvalidArgumentError(std::string("copy ") + side + " [" + FormatHex(p) + ", +" +
+                                    FormatHex(length) + ") leaves the imported range [" +
+                                    FormatHex(base) + ", +" + FormatHex(mapped.length) + ")");
+      }
+      if (!IsMemfdOf(ProcFd(mapped.exporter_pid, mapped.exporter_fd), mapped.tag)) {
+        return FailedPreconditionError(
+            std::string("copy ") + side + " " + FormatHex(p) + ": the exporter (pid " +
+            std::to_string(mapped.exporter_pid) + ", device " +
+            std::to_string(mapped.exporter_device) + ") freed the imported allocation or exited");
+      }
+      return Status();
+    }
+  }
   auto it = registrations_.upper_bound(p);
   if (it != registrations_.begin()) {
     --it;
@@ -205,6 +424,95 @@ Result<bool> EmulatedDevice::QueryCopy(uint64_t id) {
   copies_.erase(it);
   if (!outcome.ok()) return outcome;
   return true;
+}
+
+Result<std::string> EmulatedDevice::ExportAllocation(void* ptr) {
+  MutexLock lock(mu_);
+  LARDER_RETURN_IF_ERROR(CheckBound("export"));
+  auto it = allocations_.find(reinterpret_cast<uint64_t>(ptr));
+  if (it == allocations_.end()) {
+    return InvalidArgumentError("export of " + FormatHex(reinterpret_cast<uint64_t>(ptr)) +
+                                ", which is no allocation of this device");
+  }
+  Handle handle;
+  handle.host_id = host_id_;
+  handle.pid = static_cast<int32_t>(getpid());
+  handle.fd = it->second.fd;
+  handle.device = init_device_;
+  handle.size = it->second.length;
+  handle.tag = it->second.tag;
+  return EncodeHandle(handle);
+}
+
+Result<ImportedAllocation> EmulatedDevice::ImportAllocation(std::string_view bytes) {
+  LARDER_ASSIGN_OR_RETURN(Handle handle, DecodeHandle(bytes));
+  if (handle.host_id != host_id_) {
+    return FailedPreconditionError("device memory handle of host '" + handle.host_id +
+                                   "'; this is host '" + host_id_ +
+                                   "': a handle opens on its own host only");
+  }
+  if (handle.pid == getpid()) {
+    return FailedPreconditionError(
+        "device memory handle exported by this process: an import maps another process's memory");
+  }
+  MutexLock lock(mu_);
+  LARDER_RETURN_IF_ERROR(CheckBound("import"));
+  if (!HasPeerAccess(init_device_, handle.device)) {
+    return FailedPreconditionError("device " + std::to_string(init_device_) +
+                                   " has no peer access to device " +
+                                   std::to_string(handle.device) + " (the exporter's, pid " +
+                                   std::to_string(handle.pid) + ")");
+  }
+  const auto started = std::chrono::steady_clock::now();
+  import_calls_.fetch_add(1);
+  auto gone = [&] {
+    return FailedPreconditionError("stale device memory handle: its exporter (pid " +
+                                   std::to_string(handle.pid) + ") freed the allocation or exited");
+  };
+  const int fd = open(ProcFd(handle.pid, handle.fd).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ESRCH) return gone();
+    return ErrnoToStatus(
+        errno, "opening the exporter's device memory (pid " + std::to_string(handle.pid) + ")");
+  }
+  // What was opened must be the allocation itself, not whatever took its fd number since.
+  struct stat info {};
+  if (!IsMemfdOf(ProcFd(getpid(), fd), handle.tag) || fstat(fd, &info) != 0 ||
+      static_cast<uint64_t>(info.st_size) < handle.size) {
+    close(fd);
+    return gone();
+  }
+  Result<void*> mapped = MapAligned(fd, handle.size, options_.granularity);
+  close(fd);  // the mapping keeps the memory
+  LARDER_RETURN_IF_ERROR(mapped.status());
+  Import import;
+  import.length = handle.size;
+  import.exporter_pid = handle.pid;
+  import.exporter_fd = handle.fd;
+  import.exporter_device = handle.device;
+  import.tag = handle.tag;
+  imports_[reinterpret_cast<uint64_t>(*mapped)] = std::move(import);
+  import_ns_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 std::chrono::steady_clock::now() - started)
+                                                 .count()));
+  return ImportedAllocation{*mapped, handle.size, handle.device};
+}
+
+Status EmulatedDevice::CloseImport(void* base) {
+  MutexLock lock(mu_);
+  LARDER_RETURN_IF_ERROR(CheckBound("close import"));
+  auto it = imports_.find(reinterpret_cast<uint64_t>(base));
+  if (it == imports_.end()) {
+    return NotFoundError("no import at " + FormatHex(reinterpret_cast<uint64_t>(base)));
+  }
+  munmap(base, it->second.length);
+  imports_.erase(it);
+  return Status();
+}
+
+size_t EmulatedDevice::live_imports() const {
+  MutexLock lock(mu_);
+  return imports_.size();
 }
 
 void EmulatedDevice::FailRegistrationAt(uint64_t nth) {

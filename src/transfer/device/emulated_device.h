@@ -11,12 +11,19 @@
 //  - overlapping registrations fail (AlreadyExists), as the native MR layer rejects them;
 //  - a copy whose source or destination leaves one registration fails (InvalidArgument), except
 //    unregistered host memory when reads_unregistered_host_memory (the local bypass) is on;
-//  - fault injection: fail the Nth registration or the Nth copy (1-based), once.
+//  - fault injection: fail the Nth registration or the Nth copy (1-based), once;
+//  - device memory shared between processes: each allocation is a memfd, its handle names the
+//    exporting process, the memfd and a random tag; an import opens it through /proc/<pid>/fd,
+//    so a handle works on its own host only (its host id must be this one's too), in another
+//    process only, for a device with peer access to the exporter's (peer_groups), and only while
+//    the exporter holds the allocation (the tag of what is at that fd must match). A copy through
+//    an import checks the last again, so one whose exporter freed the memory or died fails.
 // Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <map>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -31,7 +38,16 @@ struct EmulatedDeviceOptions {
   bool reads_unregistered_host_memory = true;
   uint64_t fail_registration = 0;  // 0: never
   uint64_t fail_copy = 0;          // 0: never
+  // The host that this emulator's handles belong to; "" is this machine (DefaultHostId()).
+  std::string host_id{};
+  // Peer access: the group of each device (peer_groups[d]); devices of one group reach each
+  // other's memory. Empty: every device reaches every other. See ParsePeerGroups.
+  std::vector<int> peer_groups{};
 };
+
+// "0-3,4-7" (groups of device ranges or single devices, comma-separated) -> the group of each of
+// `device_count` devices; a device in no group reaches only itself. "" or "all": one group.
+Result<std::vector<int>> ParsePeerGroups(std::string_view spec, int device_count);
 
 class EmulatedDevice final : public DeviceBackend {
  public:
@@ -53,12 +69,22 @@ class EmulatedDevice final : public DeviceBackend {
   Status Deregister(uint64_t begin) override;
   Result<uint64_t> SubmitCopy(void* dst, const void* src, uint64_t length) override;
   Result<bool> QueryCopy(uint64_t id) override;
+  Result<std::string> ExportAllocation(void* ptr) override;
+  Result<ImportedAllocation> ImportAllocation(std::string_view handle) override;
+  Status CloseImport(void* base) override;
+
+  // Whether device `from` reaches the memory of device `to`.
+  bool HasPeerAccess(int from, int to) const;
 
   // Observations for tests.
   int init_device() const;
   uint64_t register_calls() const { return register_calls_.load(); }
   uint64_t copy_calls() const { return copy_calls_.load(); }
   size_t live_allocations() const;
+  size_t live_imports() const;
+  uint64_t import_calls() const { return import_calls_.load(); }
+  // Time spent in successful imports (opening and mapping), in nanoseconds.
+  uint64_t import_ns() const { return import_ns_.load(); }
   // Makes the next fault trigger at the Nth call from now (0: off).
   void FailRegistrationAt(uint64_t nth);
   void FailCopyAt(uint64_t nth);
@@ -68,13 +94,29 @@ class EmulatedDevice final : public DeviceBackend {
   Status CheckBound(const char* call) const LARDER_REQUIRES(mu_);
   // True when [p, p + length) touches emulated device memory.
   bool TouchesDeviceMemory(uint64_t p, uint64_t length) const LARDER_REQUIRES(mu_);
-  // OK when [p, p + length) lies in one registration (or is host memory and the bypass is on).
+  // OK when [p, p + length) lies in one registration or one import whose exporter still holds
+  // it (or is host memory and the bypass is on).
   Status CheckCopySide(const char* side, uint64_t p, uint64_t length) const LARDER_REQUIRES(mu_);
 
+  struct Allocation {
+    uint64_t length = 0;
+    int fd = -1;      // the memfd behind it
+    std::string tag;  // random, in the memfd's name: what a handle must find at the fd
+  };
+  struct Import {
+    uint64_t length = 0;
+    int exporter_pid = 0;
+    int exporter_fd = -1;
+    int exporter_device = -1;
+    std::string tag;
+  };
+
   const EmulatedDeviceOptions options_;
+  const std::string host_id_;
   mutable Mutex mu_;
   int init_device_ LARDER_GUARDED_BY(mu_) = -1;
-  std::map<uint64_t, uint64_t> allocations_ LARDER_GUARDED_BY(mu_);     // begin -> length
+  std::map<uint64_t, Allocation> allocations_ LARDER_GUARDED_BY(mu_);   // by begin
+  std::map<uint64_t, Import> imports_ LARDER_GUARDED_BY(mu_);           // by base
   std::map<uint64_t, uint64_t> registrations_ LARDER_GUARDED_BY(mu_);   // begin -> length
   std::unordered_map<uint64_t, Status> copies_ LARDER_GUARDED_BY(mu_);  // id -> outcome
   uint64_t next_copy_id_ LARDER_GUARDED_BY(mu_) = 1;
@@ -82,6 +124,8 @@ class EmulatedDevice final : public DeviceBackend {
   uint64_t copy_fault_at_ LARDER_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> register_calls_{0};
   std::atomic<uint64_t> copy_calls_{0};
+  std::atomic<uint64_t> import_calls_{0};
+  std::atomic<uint64_t> import_ns_{0};
 };
 
 }  // namespace larder::transfer
