@@ -466,10 +466,17 @@ Result<ImportedAllocation> EmulatedDevice::ImportAllocation(std::string_view byt
   const auto started = std::chrono::steady_clock::now();
   import_calls_.fetch_add(1);
   auto gone = [&] {
-    return FailedPreconditionError("stale device memory handle: its exporter (pid " +
-                                   std::to_string(handle.pid) + ") freed the allocation or exited");
+    return FailedPreconditionError(
+        "stale device memory handle: its exporter (pid " + std::to_string(handle.pid) +
+        ") freed the allocation or exited, or the handle names no allocation of it");
   };
-  const int fd = open(ProcFd(handle.pid, handle.fd).c_str(), O_RDWR | O_CLOEXEC);
+  // The handle is a peer's bytes: what it names must be the tagged memfd before it is opened, so
+  // a handle naming a FIFO, a socket or a device node of that process is never opened at all.
+  // O_NONBLOCK covers the fd being replaced between this check and the open; the check on the
+  // opened fd below settles what was opened.
+  const std::string exporter_fd = ProcFd(handle.pid, handle.fd);
+  if (!IsMemfdOf(exporter_fd, handle.tag)) return gone();
+  const int fd = open(exporter_fd.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT || errno == ESRCH) return gone();
     return ErrnoToStatus(

@@ -55,6 +55,7 @@ class Exporter {
       close(replies[0]);
       _exit(Serve(commands[0], replies[1], device, size, fill));
     }
+    child_command_fd_ = commands[0];
     close(commands[0]);
     close(replies[1]);
     commands_ = commands[1];
@@ -75,6 +76,8 @@ class Exporter {
 
   const std::string& handle() const { return handle_; }
   int pid() const { return pid_; }
+  // The child's end of the command pipe: an fd of the exporter that is not its allocation.
+  int child_command_fd() const { return child_command_fd_; }
 
   // The exporter frees the allocation; true once it has.
   bool Free() { return Ask('f') == 'k'; }
@@ -115,6 +118,7 @@ class Exporter {
   }
 
   pid_t pid_ = -1;
+  int child_command_fd_ = -1;
   int commands_ = -1;
   int replies_ = -1;
   std::string handle_;
@@ -265,6 +269,33 @@ TEST(EmulatedDeviceIpcTest, BadHandlesAreRefused) {
   ASSERT_TRUE(uninitialized.SetCurrentDevice(0).ok());
   EXPECT_EQ(uninitialized.ExportAllocation(*own).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(importer->live_imports(), 0u);
+}
+
+// The emulated handle is magic | u16 host id length | host id | i32 pid | i32 fd | ...: the same
+// handle with another fd of the exporter.
+std::string WithFd(std::string handle, int32_t fd) {
+  uint16_t host_size = 0;
+  std::memcpy(&host_size, handle.data() + 6, sizeof(host_size));
+  std::memcpy(handle.data() + 6 + 2 + host_size + 4, &fd, sizeof(fd));
+  return handle;
+}
+
+TEST(EmulatedDeviceIpcTest, AHandleNamingAnotherFileOfTheExporterIsNeverOpened) {
+  Exporter exporter(0, 2 * kMiB, 'j');
+  ASSERT_GE(exporter.child_command_fd(), 0);
+  auto importer = Importer(0);
+  // The exporter's command pipe: opening it read-write would make the importer a writer (and a
+  // reader) of that pipe; the import must refuse before it opens anything.
+  for (int32_t fd : {exporter.child_command_fd(), 0, 1, 2, 1000}) {
+    Result<ImportedAllocation> imported = importer->ImportAllocation(WithFd(exporter.handle(), fd));
+    EXPECT_EQ(imported.status().code(), StatusCode::kFailedPrecondition) << imported.status();
+    EXPECT_NE(imported.status().message().find("names no allocation"), std::string::npos)
+        << imported.status();
+  }
+  EXPECT_EQ(importer->live_imports(), 0u);
+  // The exporter's pipe is untouched, and the true handle still opens.
+  EXPECT_EQ(exporter.FirstByte(), 'j');
+  EXPECT_TRUE(importer->ImportAllocation(exporter.handle()).ok());
 }
 
 TEST(EmulatedDeviceIpcTest, PeerGroupsParse) {
