@@ -249,13 +249,22 @@ struct LARDER_EXPORT EngineStats {
   uint64_t mapped_bytes = 0;
   // Mappings dropped because their owner's process exited.
   uint64_t mappings_dropped = 0;
+  // Other processes' device allocations that the device route maps here now (imported from their
+  // owners' handles) and their total size; imports made and refused since the engine was created,
+  // and the time the made ones took in the device library.
+  uint64_t device_imports = 0;
+  uint64_t device_imported_bytes = 0;
+  uint64_t device_import_calls = 0;
+  uint64_t device_import_failures = 0;
+  uint64_t device_import_ns = 0;
 
   // Reads and writes on `route` over every peer.
   TransferCounters ByRoute(RouteKind route) const;
   // Reads and writes with `engine_id` on `route`.
   TransferCounters ByPeer(std::string_view engine_id, RouteKind route) const;
   // {"peers":[{engine_id, host_id, address, route, reads:{requests,bytes,failures},
-  //  writes:{...}}], "routes":{"shm":{requests,bytes,failures}, ...}, "mapped_segments":n, ...}
+  //  writes:{...}}], "routes":{"shm":{requests,bytes,failures}, ...}, "mapped_segments":n, ...,
+  //  "device_imports":n, ...}
   std::string ToJson() const;
 };
 

@@ -30,9 +30,9 @@ TEST_P(ConformanceTest, DescribesTheOpenedSegment) {
   auto info = engine_->SegmentInfo(handle_);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->name, "conformance");
-  EXPECT_EQ(info->size, memory_->size());
-  EXPECT_EQ(info->engine_id, target_->id());
-  EXPECT_EQ(info->address, target_->address());
+  EXPECT_EQ(info->size, SegmentSize());
+  EXPECT_EQ(info->engine_id, owner_.descriptor.engine_id);
+  EXPECT_EQ(info->address, owner_.descriptor.address);
 }
 
 TEST_P(ConformanceTest, DataIntegrityAcrossSizes) {
@@ -53,10 +53,10 @@ TEST_P(ConformanceTest, DataIntegrityAcrossSizes) {
   uint64_t seed = 1;
   for (const Case& c : cases) {
     SCOPED_TRACE("offset " + std::to_string(c.offset) + " length " + std::to_string(c.length));
-    ASSERT_LE(c.offset + c.length, memory_->size());
+    ASSERT_LE(c.offset + c.length, SegmentSize());
     // Known bytes around the range catch copies that run over either end.
     const bool has_before = c.offset > 0;
-    const bool has_after = c.offset + c.length < memory_->size();
+    const bool has_after = c.offset + c.length < SegmentSize();
     if (has_before) SegmentBytes()[c.offset - 1] = 0x5a;
     if (has_after) SegmentBytes()[c.offset + c.length] = 0xa5;
 
@@ -387,7 +387,7 @@ TEST_P(ConformanceTest, TransferSyncMovesABatch) {
   EXPECT_EQ(destination, expected);
 
   // Per-request errors come back as results; only a malformed batch fails the call.
-  TransferRequest bad = Request(TransferOp::kRead, destination.data(), memory_->size(), 1);
+  TransferRequest bad = Request(TransferOp::kRead, destination.data(), SegmentSize(), 1);
   auto bad_results = engine_->TransferSync({&bad, 1});
   ASSERT_TRUE(bad_results.ok()) << bad_results.status();
   EXPECT_EQ((*bad_results)[0].status.code(), StatusCode::kOutOfRange);
@@ -407,7 +407,7 @@ TEST_P(ConformanceTest, ClosedHandleIsNotFound) {
   EXPECT_EQ((*results)[0].status.code(), StatusCode::kNotFound);
 
   // Reopening gives a new, working handle on the same route.
-  auto reopened = engine_->OpenSegment(target_->ListSegments()[0]);
+  auto reopened = engine_->OpenSegment(owner_.descriptor);
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   EXPECT_NE(*reopened, handle_);
   handle_ = *reopened;

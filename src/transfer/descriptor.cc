@@ -167,7 +167,12 @@ std::string EngineStats::ToJson() const {
                         {"routes", routes},
                         {"mapped_segments", mapped_segments},
                         {"mapped_bytes", mapped_bytes},
-                        {"mappings_dropped", mappings_dropped}}
+                        {"mappings_dropped", mappings_dropped},
+                        {"device_imports", device_imports},
+                        {"device_imported_bytes", device_imported_bytes},
+                        {"device_import_calls", device_import_calls},
+                        {"device_import_failures", device_import_failures},
+                        {"device_import_ns", device_import_ns}}
       .dump();
 }
 

@@ -429,8 +429,14 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
   }
   if (opened->routes.empty()) {
     if (!last.ok()) return last;
+    std::string enabled;
+    for (RouteKind route : routes()) {
+      enabled += (enabled.empty() ? "" : ", ") + std::string(RouteKindName(route));
+    }
     return NotFoundError("no enabled route reaches segment '" + descriptor.name + "' of engine " +
-                         descriptor.engine_id);
+                         descriptor.engine_id + " (" +
+                         std::string(MemoryKindName(descriptor.memory_kind)) +
+                         " memory; this engine's routes: " + enabled + ")");
   }
   WriterLock lock(opened_mu_);
   opened->handle = next_handle_++;

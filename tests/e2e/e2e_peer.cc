@@ -1,10 +1,10 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // larder-e2e-peer: a second process for end-to-end tests.
-//   serve  export a segment filled with a known pattern, print "READY <address>" (and with
-//          --print-host-id "HOST <host id>"), serve until stdin closes; optionally as another uid
-//          (--uid) and non-dumpable (--non-dumpable); on the device protocol, in the (emulated)
-//          device memory of --device
+//   serve  export a segment (--name, "e2e" by default) filled with a known pattern, print
+//          "READY <address>" (and with --print-host-id "HOST <host id>"), serve until stdin
+//          closes; optionally as another uid (--uid) and non-dumpable (--non-dumpable); on the
+//          device protocol, in the (emulated) device memory of --device
 //   probe  open a peer's segment (optionally after dropping to another uid), read it, and print
 //          "ROUTE <route>" and "STATUS <code name>" ; exits 0 when the probe ran
 #include <grp.h>
@@ -35,8 +35,9 @@ bool SwitchToUid(int uid, const char* who) {
   return true;
 }
 
-int Serve(const std::string& protocol, uint64_t size, const std::string& token, int allowed_uid,
-          bool print_host_id, int uid, bool non_dumpable, int device) {
+int Serve(const std::string& protocol, const std::string& name, uint64_t size,
+          const std::string& token, int allowed_uid, bool print_host_id, int uid, bool non_dumpable,
+          int device) {
   // The device transport initializes on this thread's current device, as with a real GPU.
   if (device >= 0) {
     if (auto bound = larder::transfer::DefaultDeviceBackend()->SetCurrentDevice(device);
@@ -71,7 +72,7 @@ int Serve(const std::string& protocol, uint64_t size, const std::string& token, 
   }
   auto* bytes = static_cast<uint8_t*>((*memory)->data());
   for (uint64_t i = 0; i < size; ++i) bytes[i] = PatternByte(i);
-  auto id = (*engine)->RegisterSegment("e2e", *memory);
+  auto id = (*engine)->RegisterSegment(name, *memory);
   if (!id.ok()) {
     std::cerr << "serve: " << id.status() << "\n";
     return 1;
@@ -117,12 +118,13 @@ int main(int argc, char** argv) {
   larder::bench::BlockTerminationSignals();
   CLI::App app{"larder-e2e-peer: the other process of end-to-end tests"};
   app.require_subcommand(1);
-  std::string protocol = "auto", token, target;
+  std::string protocol = "auto", name = "e2e", token, target;
   uint64_t size = 64ULL << 20;
   int allowed_uid = -1, uid = -1, device = -1;
   bool print_host_id = false, non_dumpable = false;
-  auto* serve = app.add_subcommand("serve", "export a patterned segment named 'e2e'");
+  auto* serve = app.add_subcommand("serve", "export a patterned segment");
   serve->add_option("--protocol", protocol)->capture_default_str();
+  serve->add_option("--name", name, "the segment's name")->capture_default_str();
   serve->add_option("--segment-size", size)->capture_default_str();
   serve->add_option("--token", token, "cluster token");
   serve->add_option("--allowed-uid", allowed_uid, "the only uid allowed to map over shm");
@@ -136,7 +138,8 @@ int main(int argc, char** argv) {
   probe->add_option("--uid", uid, "switch to this uid first (needs root)");
   CLI11_PARSE(app, argc, argv);
   if (serve->parsed()) {
-    return Serve(protocol, size, token, allowed_uid, print_host_id, uid, non_dumpable, device);
+    return Serve(protocol, name, size, token, allowed_uid, print_host_id, uid, non_dumpable,
+                 device);
   }
   return Probe(target, protocol, uid);
 }

@@ -231,6 +231,10 @@ TEST(StoreE2ETest, TheDeviceProtocolMovesBytesBetweenProcessesThroughDeviceMemor
   EXPECT_GE(stats["routes"]["device"]["bytes"].get<uint64_t>(), 12 * kValue) << stats;
   EXPECT_FALSE(stats["routes"].contains("tcp")) << stats;
   EXPECT_FALSE(stats["routes"].contains("shm")) << stats;
+  // a maps b's device segment (one import), and its own needs none.
+  EXPECT_EQ(stats["device_imports"], 1) << stats;
+  EXPECT_GE(stats["device_imported_bytes"].get<uint64_t>(), 32u << 20) << stats;
+  EXPECT_EQ(stats["device_import_failures"], 0) << stats;
 }
 
 // Devices without peer access to each other: the device route refuses the other's memory (the
@@ -353,6 +357,34 @@ json WaitForStats(ChildProcess& worker, Condition done, milliseconds timeout) {
     stats = Send(worker, {{"cmd", "stats"}});
   }
   return stats;
+}
+
+// A reader's device imports go with the segments: an owner killed (expired by the master) and an
+// owner that unmounts each take the reader's import of their segment with them.
+TEST(StoreE2ETest, ReadersDropTheDeviceImportsOfSegmentsThatAreGone) {
+  Master master = StartMaster({"--client-ttl", "3s"});
+  const std::map<std::string, std::string> env = {{"LARDER_STORE_PROTOCOL", "device"}};
+  ChildProcess reader = StartWorker(master, "reader", "8M", env, {"--device", "0"});
+  ChildProcess killed = StartWorker(master, "killed", "16M", env, {"--device", "1"});
+  ChildProcess leaving = StartWorker(master, "leaving", "16M", env, {"--device", "2"});
+  for (ChildProcess* owner : {&killed, &leaving}) {
+    const std::string name = owner == &killed ? "killed" : "leaving";
+    EXPECT_EQ(Put(*owner, name + "/", 4, 1 << 20, name)["ok"], 4);
+    EXPECT_EQ(Get(reader, name + "/", 4, 1 << 20)["verified"], 4);
+  }
+  json both = Send(reader, {{"cmd", "stats"}});
+  EXPECT_EQ(both["device_imports"], 2) << both;
+  killed.Kill(SIGKILL);
+  killed.Stop(seconds(5));
+  json one = WaitForStats(
+      reader, [](const json& s) { return s["device_imports"] == 1; }, seconds(20));
+  EXPECT_EQ(one["device_imports"], 1) << one;
+  EXPECT_EQ(Send(leaving, {{"cmd", "unmount"}})["unmounted"], true);
+  json none = WaitForStats(
+      reader, [](const json& s) { return s["device_imports"] == 0; }, seconds(20));
+  EXPECT_EQ(none["device_imports"], 0) << none;
+  EXPECT_EQ(none["device_imported_bytes"], 0) << none;
+  EXPECT_EQ(none["device_import_calls"], 2) << none;
 }
 
 TEST(StoreE2ETest, ReadersDropTheMappingsOfSegmentsThatAreGone) {

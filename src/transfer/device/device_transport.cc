@@ -1,11 +1,12 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/device/device_transport.h"
 
-#include "common/env.h"
+#include <atomic>
+#include <chrono>
+
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/copy_executor.h"
-#include "transfer/device/emulated_device.h"
 #include "transfer/registration_coverage.h"
 #include "transfer/segment_exports.h"
 #include "transfer/transport_registry.h"
@@ -121,6 +122,14 @@ class DeviceTransport final : public Transport {
     return std::move(handle).value();
   }
 
+  void AddStats(EngineStats* stats) const override {
+    stats->device_imports += totals_->held.load();
+    stats->device_imported_bytes += totals_->bytes.load();
+    stats->device_import_calls += totals_->calls.load();
+    stats->device_import_failures += totals_->failures.load();
+    stats->device_import_ns += totals_->ns.load();
+  }
+
   // Device memory of this engine, or of another engine of this host that exported a handle.
   bool CanReach(const SegmentDescriptor& d) const override {
     if (d.memory_kind != MemoryKind::kDevice) return false;
@@ -146,12 +155,20 @@ class DeviceTransport final : public Transport {
     LARDER_ASSIGN_OR_RETURN(int device, EnsureInit());
     DeviceScope scope(*backend_, device);
     LARDER_RETURN_IF_ERROR(scope.status());
+    const auto started = std::chrono::steady_clock::now();
     Result<ImportedAllocation> imported =
         backend_->ImportAllocation(*descriptor.TransportBlob("device"));
+    if (!imported.ok()) totals_->failures.fetch_add(1);
     LARDER_RETURN_IF_ERROR(imported.status().WithContext(
         "importing device segment '" + descriptor.name + "' of " + descriptor.engine_id));
-    auto import = std::make_shared<Import>(backend_, device, *imported);
+    totals_->calls.fetch_add(1);
+    totals_->ns.fetch_add(
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - started)
+                                  .count()));
+    auto import = std::make_shared<Import>(backend_, totals_, device, *imported);
     if (imported->size < descriptor.size) {
+      totals_->failures.fetch_add(1);
       return FailedPreconditionError(
           "device segment '" + descriptor.name + "' says " + std::to_string(descriptor.size) +
           " bytes; its exported allocation has " + std::to_string(imported->size));
@@ -186,20 +203,37 @@ class DeviceTransport final : public Transport {
   }
 
  private:
+  // What the engine's stats say about imports (EngineStats::device_*). Shared with the imports,
+  // which may outlive the transport while copies through them end.
+  struct ImportTotals {
+    std::atomic<uint64_t> held{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> calls{0};
+    std::atomic<uint64_t> failures{0};
+    std::atomic<uint64_t> ns{0};
+  };
+
   // Another process's device allocation mapped here; unmapped when the last holder lets go.
   struct Import {
-    Import(std::shared_ptr<DeviceBackend> b, int d, ImportedAllocation a)
-        : backend(std::move(b)), device(d), allocation(a) {}
+    Import(std::shared_ptr<DeviceBackend> b, std::shared_ptr<ImportTotals> t, int d,
+           ImportedAllocation a)
+        : backend(std::move(b)), totals(std::move(t)), device(d), allocation(a) {
+      totals->held.fetch_add(1);
+      totals->bytes.fetch_add(allocation.size);
+    }
     ~Import() {
       DeviceScope scope(*backend, device);
       if (Status closed = backend->CloseImport(allocation.base); !closed.ok()) {
         Log().warn("imported device memory at {} not unmapped: {}", allocation.base,
                    closed.ToString());
       }
+      totals->bytes.fetch_sub(allocation.size);
+      totals->held.fetch_sub(1);
     }
     Import(const Import&) = delete;
     Import& operator=(const Import&) = delete;
     std::shared_ptr<DeviceBackend> backend;
+    std::shared_ptr<ImportTotals> totals;
     int device;
     ImportedAllocation allocation;
   };
@@ -280,6 +314,7 @@ class DeviceTransport final : public Transport {
   }
 
   std::shared_ptr<DeviceBackend> backend_;
+  std::shared_ptr<ImportTotals> totals_ = std::make_shared<ImportTotals>();
   RegistrationCoverage coverage_;
   EngineContext context_;
   Mutex mu_;
@@ -290,22 +325,6 @@ class DeviceTransport final : public Transport {
 
 std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend) {
   return std::make_unique<DeviceTransport>(std::move(backend));
-}
-
-std::shared_ptr<DeviceBackend> DefaultDeviceBackend() {
-  EmulatedDeviceOptions options;
-  if (std::string peers = GetEnv("LARDER_EMULATED_DEVICE_PEERS"); !peers.empty()) {
-    Result<std::vector<int>> groups = ParsePeerGroups(peers, options.device_count);
-    if (groups.ok()) {
-      options.peer_groups = std::move(groups).value();
-    } else {
-      // Fail closed: no device reaches another's memory.
-      Log().error("LARDER_EMULATED_DEVICE_PEERS: {}; no emulated device has peer access",
-                  groups.status().ToString());
-      options.peer_groups.assign(static_cast<size_t>(options.device_count), -1);
-    }
-  }
-  return std::make_shared<EmulatedDevice>(std::move(options));
 }
 
 // Device memory of this engine: as close as a route gets after local. Never in "auto": device

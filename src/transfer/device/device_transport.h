@@ -31,8 +31,14 @@ namespace larder::transfer {
 // A device transport over `backend`.
 std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend);
 
-// The backend this build uses for the registry's "device" transport: the emulator (no real
-// backend is compiled in on this machine).
+// The backend of the registry's "device" transport, chosen by LARDER_DEVICE_BACKEND: "cuda" (the
+// default in builds with -DLARDER_WITH_CUDA=ON) or "emulated" (the default otherwise; its peer
+// topology from LARDER_EMULATED_DEVICE_PEERS). A backend that this build lacks, or an unknown
+// name, gives a backend whose every call fails saying so: device memory is never emulated
+// silently where real memory was asked for.
 std::shared_ptr<DeviceBackend> DefaultDeviceBackend();
+
+// The CUDA backend in builds with it (cuda_device.h); null in builds without.
+std::shared_ptr<DeviceBackend> CreateCudaBackend();
 
 }  // namespace larder::transfer

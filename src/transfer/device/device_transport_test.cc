@@ -9,12 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <optional>
-#include <thread>
 #include <vector>
 
 #include "transfer/device/emulated_device.h"
 #include "transfer/engine_internal.h"
+#include "transfer/testing/device_engine.h"
 
 namespace larder::transfer {
 namespace {
@@ -22,33 +21,11 @@ namespace {
 using namespace std::chrono_literals;
 constexpr uint64_t kMiB = 1 << 20;
 
-// The emulator keeps the current device per thread and a fresh thread has none, so tests run
-// their device-free parts on fresh threads.
-template <typename Fn>
-auto OnNewThread(Fn fn) {
-  using R = decltype(fn());
-  std::optional<R> result;
-  std::thread t([&] { result.emplace(fn()); });
-  t.join();
-  return std::move(*result);
-}
-
-struct DeviceEngine {
-  std::shared_ptr<EmulatedDevice> backend;
-  std::unique_ptr<TransferEngine> engine;
-};
+using testutil::DeviceEngine;
+using testutil::OnNewThread;
 
 DeviceEngine MakeEngine(EmulatedDeviceOptions device_options = {}) {
-  DeviceEngine d;
-  d.backend = std::make_shared<EmulatedDevice>(device_options);
-  std::vector<std::unique_ptr<Transport>> transports;
-  transports.push_back(CreateDeviceTransport(d.backend));
-  TransferEngineOptions options;
-  options.protocol = "device";
-  auto engine = CreateEngineWithTransports(options, std::move(transports));
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  if (engine.ok()) d.engine = std::move(engine).value();
-  return d;
+  return testutil::MakeDeviceEngine(std::move(device_options));
 }
 
 // Allocates and exports a device segment, returning its handle.
@@ -67,11 +44,7 @@ SegmentHandle ExportSegment(TransferEngine& engine, uint64_t size,
 
 Status Transfer(TransferEngine& engine, TransferOp op, void* local, SegmentHandle segment,
                 uint64_t offset, uint64_t length, RouteKind* route = nullptr) {
-  TransferRequest r{op, local, segment, offset, length};
-  LARDER_ASSIGN_OR_RETURN(auto results, engine.TransferSync({&r, 1}, 10s));
-  if (route) *route = results[0].route;
-  if (results[0].status.ok() && results[0].bytes != length) return InternalError("short transfer");
-  return results[0].status;
+  return testutil::TransferOne(engine, op, local, segment, offset, length, route);
 }
 
 TEST(DeviceTransportTest, NativeInitIsDeferredToTheFirstAllocationOnTheCallersDevice) {

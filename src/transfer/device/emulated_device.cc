@@ -14,6 +14,7 @@
 
 #include "common/env.h"
 #include "common/net.h"
+#include "transfer/device/handle_codec.h"
 
 namespace larder::transfer {
 namespace {
@@ -25,6 +26,11 @@ constexpr std::string_view kMemfdPrefix = "larder-emulated-device-";
 constexpr std::string_view kHandleMagic = "LDEVH1";
 constexpr size_t kTagBytes = 16;  // random bytes, 32 hex digits in the name
 
+using handle_codec::Put;
+using handle_codec::PutString;
+using handle_codec::Take;
+using handle_codec::TakeString;
+
 // What a handle says (see EncodeHandle for its layout).
 struct Handle {
   std::string host_id;
@@ -35,25 +41,11 @@ struct Handle {
   std::string tag;
 };
 
-template <typename T>
-void Put(std::string* out, T value) {
-  out->append(reinterpret_cast<const char*>(&value), sizeof(value));
-}
-
-template <typename T>
-bool Take(std::string_view* in, T* value) {
-  if (in->size() < sizeof(T)) return false;
-  std::memcpy(value, in->data(), sizeof(T));
-  in->remove_prefix(sizeof(T));
-  return true;
-}
-
 // magic | u16 host id length | host id | i32 pid | i32 fd | i32 device | u64 size | u8 tag
 // length | tag (host byte order: a handle never leaves its host).
 std::string EncodeHandle(const Handle& handle) {
   std::string out(kHandleMagic);
-  Put(&out, static_cast<uint16_t>(handle.host_id.size()));
-  out += handle.host_id;
+  PutString(&out, handle.host_id);
   Put(&out, handle.pid);
   Put(&out, handle.fd);
   Put(&out, handle.device);
@@ -71,10 +63,7 @@ Result<Handle> DecodeHandle(std::string_view in) {
   if (!in.starts_with(kHandleMagic)) return malformed("not an emulated device's handle");
   in.remove_prefix(kHandleMagic.size());
   Handle handle;
-  uint16_t host_size = 0;
-  if (!Take(&in, &host_size) || in.size() < host_size) return malformed("truncated host id");
-  handle.host_id = std::string(in.substr(0, host_size));
-  in.remove_prefix(host_size);
+  if (!TakeString(&in, &handle.host_id)) return malformed("truncated host id");
   uint8_t tag_size = 0;
   if (!Take(&in, &handle.pid) || !Take(&in, &handle.fd) || !Take(&in, &handle.device) ||
       !Take(&in, &handle.size) || !Take(&in, &tag_size)) {
@@ -446,15 +435,7 @@ Result<std::string> EmulatedDevice::ExportAllocation(void* ptr) {
 
 Result<ImportedAllocation> EmulatedDevice::ImportAllocation(std::string_view bytes) {
   LARDER_ASSIGN_OR_RETURN(Handle handle, DecodeHandle(bytes));
-  if (handle.host_id != host_id_) {
-    return FailedPreconditionError("device memory handle of host '" + handle.host_id +
-                                   "'; this is host '" + host_id_ +
-                                   "': a handle opens on its own host only");
-  }
-  if (handle.pid == getpid()) {
-    return FailedPreconditionError(
-        "device memory handle exported by this process: an import maps another process's memory");
-  }
+  LARDER_RETURN_IF_ERROR(handle_codec::CheckOrigin(handle.host_id, handle.pid, host_id_));
   MutexLock lock(mu_);
   LARDER_RETURN_IF_ERROR(CheckBound("import"));
   if (!HasPeerAccess(init_device_, handle.device)) {

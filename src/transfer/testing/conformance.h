@@ -8,7 +8,7 @@
 //       ::testing::Values(TwoEngineCase("ucx", "ucx", RouteKind("ucx"), {})), TransportCaseName);
 //
 // in a test binary that links larder_conformance_suite. The suite never asks which transport it
-// runs over. Test-only.
+// runs over, nor whether the segment's owner is this process or another one. Test-only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -29,11 +29,21 @@ constexpr uint64_t kMiB = 1ULL << 20;
 // Large enough for the 64 MiB transfers plus unaligned offsets around them.
 constexpr uint64_t kSegmentBytes = 128 * kMiB;
 
+// The segment's owner when it is another process (a case's `make` starts it): the segment it
+// exports and that owner's memory as it sees it (a second mapping of the same pages).
+struct ExternalOwner {
+  SegmentDescriptor descriptor;  // named "conformance", at least kSegmentBytes
+  uint8_t* bytes = nullptr;
+  std::shared_ptr<void> keep;  // the process and the mapping; released when the case stops
+};
+
 // The engines of one case: `target` owns and exports the segment; `initiator` issues transfers,
-// or is null when the target transfers to its own segment (local, device).
+// or is null when the target transfers to its own segment (local, device). When the owner is
+// another process, `external` describes it, `target` is null and `initiator` is set.
 struct ConformanceEngines {
   std::unique_ptr<TransferEngine> target;
   std::unique_ptr<TransferEngine> initiator;
+  std::optional<ExternalOwner> external;
 };
 
 // One transport under test: how to build its engines, and what it promises.
@@ -96,28 +106,25 @@ class ConformanceTest : public ::testing::TestWithParam<TransportUnderTest> {
     ASSERT_TRUE(engines.ok()) << engines.status();
     target_ = std::move(engines->target);
     initiator_ = std::move(engines->initiator);
-    ASSERT_NE(target_, nullptr);
-    if (initiator_) {
-      ASSERT_NE(initiator_->id(), target_->id());
+    if (engines->external) {
+      ASSERT_EQ(target_, nullptr);
+      ASSERT_NE(initiator_, nullptr);
+      ASSERT_NE(engines->external->bytes, nullptr);
+      owner_ = std::move(*engines->external);
+      ASSERT_NE(owner_.descriptor.engine_id, initiator_->id());
+      ASSERT_GE(owner_.descriptor.size, kSegmentBytes);
+    } else {
+      ASSERT_NE(target_, nullptr);
+      if (initiator_) {
+        ASSERT_NE(initiator_->id(), target_->id());
+      }
+      RegisterTargetSegment();
     }
     engine_ = initiator_ ? initiator_.get() : target_.get();
-
-    auto memory = target_->AllocateSegmentMemory(kSegmentBytes);
-    ASSERT_TRUE(memory.ok()) << memory.status();
-    memory_ = std::move(memory).value();
-    ASSERT_GE(memory_->size(), kSegmentBytes);
     if (transport.caps.segment_memory) {
-      EXPECT_EQ(memory_->kind(), *transport.caps.segment_memory);
+      EXPECT_EQ(owner_.descriptor.memory_kind, *transport.caps.segment_memory);
     }
-    auto id = target_->RegisterSegment("conformance", memory_);
-    ASSERT_TRUE(id.ok()) << id.status();
-
-    std::vector<SegmentDescriptor> segments = target_->ListSegments();
-    ASSERT_EQ(segments.size(), 1u);
-    EXPECT_EQ(segments[0].segment_id, *id);
-    EXPECT_EQ(segments[0].name, "conformance");
-    EXPECT_EQ(segments[0].size, memory_->size());
-    auto handle = engine_->OpenSegment(segments[0]);
+    auto handle = engine_->OpenSegment(owner_.descriptor);
     ASSERT_TRUE(handle.ok()) << handle.status();
     handle_ = *handle;
 
@@ -126,14 +133,38 @@ class ConformanceTest : public ::testing::TestWithParam<TransportUnderTest> {
     ASSERT_EQ(*opened_route, transport.route) << "route " << RouteKindName(*opened_route);
   }
 
+  // The in-process owner allocates and exports the segment.
+  void RegisterTargetSegment() {
+    auto memory = target_->AllocateSegmentMemory(kSegmentBytes);
+    ASSERT_TRUE(memory.ok()) << memory.status();
+    std::shared_ptr<MemoryRegion> region = std::move(memory).value();
+    ASSERT_GE(region->size(), kSegmentBytes);
+    auto id = target_->RegisterSegment("conformance", region);
+    ASSERT_TRUE(id.ok()) << id.status();
+
+    std::vector<SegmentDescriptor> segments = target_->ListSegments();
+    ASSERT_EQ(segments.size(), 1u);
+    EXPECT_EQ(segments[0].segment_id, *id);
+    EXPECT_EQ(segments[0].name, "conformance");
+    EXPECT_EQ(segments[0].size, region->size());
+    EXPECT_EQ(segments[0].engine_id, target_->id());
+    EXPECT_EQ(segments[0].address, target_->address());
+    EXPECT_EQ(segments[0].memory_kind, region->kind());
+    owner_.descriptor = segments[0];
+    owner_.bytes = static_cast<uint8_t*>(region->data());
+    owner_.keep = std::move(region);
+  }
+
   void StopEngines() {
     engine_ = nullptr;
     initiator_.reset();  // before the owner, so its connections and mappings go first
     target_.reset();
-    memory_.reset();
+    owner_ = ExternalOwner();
   }
 
-  uint8_t* SegmentBytes() const { return static_cast<uint8_t*>(memory_->data()); }
+  // The owner's memory, as the owner sees it.
+  uint8_t* SegmentBytes() const { return owner_.bytes; }
+  uint64_t SegmentSize() const { return owner_.descriptor.size; }
 
   TransferRequest Request(TransferOp op, void* local, uint64_t offset, uint64_t length) const {
     return TransferRequest{op, local, handle_, offset, length};
@@ -161,10 +192,10 @@ class ConformanceTest : public ::testing::TestWithParam<TransportUnderTest> {
     return Succeeded((*results)[0], length);
   }
 
-  std::unique_ptr<TransferEngine> target_;     // owns and exports the segment
+  std::unique_ptr<TransferEngine> target_;     // owns and exports the segment (in this process)
   std::unique_ptr<TransferEngine> initiator_;  // null for "local": target_ transfers itself
   TransferEngine* engine_ = nullptr;           // the engine that issues transfers
-  std::shared_ptr<MemoryRegion> memory_;
+  ExternalOwner owner_;  // the segment (target_'s, or another process's) and its owner's view
   SegmentHandle handle_ = 0;
 };
 
