@@ -86,6 +86,8 @@ void AddTrafficReport(const EngineStats& stats, proto::HeartbeatRequest* request
   }
   request->set_mapped_segments(stats.mapped_segments);
   request->set_mapped_bytes(stats.mapped_bytes);
+  request->set_device_imports(stats.device_imports);
+  request->set_device_imported_bytes(stats.device_imported_bytes);
 }
 
 }  // namespace larder::client

@@ -111,6 +111,20 @@ void RenderTraffic(std::ostringstream& out, const MasterState& state) {
     out << "larder_client_mapped_bytes{client=\"" << LabelValue(client) << "\"} "
         << report.mapped_bytes << '\n';
   }
+  out << "# HELP larder_client_device_imports Peers' device allocations a client imports now "
+         "(the device route).\n"
+         "# TYPE larder_client_device_imports gauge\n";
+  for (const auto& [client, report] : traffic) {
+    out << "larder_client_device_imports{client=\"" << LabelValue(client) << "\"} "
+        << report.device_imports << '\n';
+  }
+  out << "# HELP larder_client_device_imported_bytes Size of the device allocations a client "
+         "imports now.\n"
+         "# TYPE larder_client_device_imported_bytes gauge\n";
+  for (const auto& [client, report] : traffic) {
+    out << "larder_client_device_imported_bytes{client=\"" << LabelValue(client) << "\"} "
+        << report.device_imported_bytes << '\n';
+  }
 }
 
 }  // namespace
@@ -602,6 +616,8 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
                                 {"segments", segments[client.client_id]},
                                 {"mapped_segments", report.mapped_segments},
                                 {"mapped_bytes", report.mapped_bytes},
+                                {"device_imports", report.device_imports},
+                                {"device_imported_bytes", report.device_imported_bytes},
                                 {"routes", RoutesJson(by_reporter, client.client_id)}});
                }
                SendJson(response, {{"clients", out}});

@@ -82,6 +82,8 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
   traffic.routes.push_back({"decode \"x\"", "tcp", 2, 8192, 1});  // quotes must be escaped
   traffic.mapped_segments = 1;
   traffic.mapped_bytes = 1ull << 40;
+  traffic.device_imports = 2;
+  traffic.device_imported_bytes = 3ull << 30;
   EXPECT_FALSE(state.Heartbeat("prefill-a", &traffic).remount_required);
   ClientTraffic stranger;
   stranger.routes.push_back({"x", "tcp", 1, 1, 0});
@@ -100,6 +102,9 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
             std::string::npos)
       << body;
   EXPECT_NE(body.find("larder_client_mapped_bytes{client=\"prefill-a\"} 1099511627776\n"),
+            std::string::npos);
+  EXPECT_NE(body.find("larder_client_device_imports{client=\"prefill-a\"} 2\n"), std::string::npos);
+  EXPECT_NE(body.find("larder_client_device_imported_bytes{client=\"prefill-a\"} 3221225472\n"),
             std::string::npos);
   EXPECT_NE(body.find("larder_segment_page_bytes{segment=\"huge-seg\"} 2097152\n"),
             std::string::npos);

@@ -296,7 +296,9 @@ class MasterService final : public proto::Master::Service {
     }
     traffic.mapped_segments = request->mapped_segments();
     traffic.mapped_bytes = request->mapped_bytes();
-    const bool reported = entries > 0 || traffic.mapped_segments > 0;
+    traffic.device_imports = request->device_imports();
+    traffic.device_imported_bytes = request->device_imported_bytes();
+    const bool reported = entries > 0 || traffic.mapped_segments > 0 || traffic.device_imports > 0;
     HeartbeatOutcome outcome =
         state_->Heartbeat(request->client_id(), reported ? &traffic : nullptr);
     reply->set_remount_required(outcome.remount_required);

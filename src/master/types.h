@@ -269,6 +269,8 @@ struct ClientTraffic {
   std::vector<RouteTrafficReport> routes;
   uint64_t mapped_segments = 0;
   uint64_t mapped_bytes = 0;
+  uint64_t device_imports = 0;
+  uint64_t device_imported_bytes = 0;
 };
 
 // Bounds on a heartbeat's report; a report past them is cut, never trusted to be small.

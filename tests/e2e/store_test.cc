@@ -374,6 +374,19 @@ TEST(StoreE2ETest, ReadersDropTheDeviceImportsOfSegmentsThatAreGone) {
   }
   json both = Send(reader, {{"cmd", "stats"}});
   EXPECT_EQ(both["device_imports"], 2) << both;
+  // The reader's heartbeats carry its imports to the master's /metrics.
+  const std::string gauge =
+      "larder_client_device_imports{client=\"" + both["client_id"].get<std::string>() + "\"} 2\n";
+  httplib::Client http("127.0.0.1", master.http_port);
+  std::string metrics;
+  EXPECT_TRUE(testutil::WaitUntil(
+      [&] {
+        auto response = http.Get("/metrics");
+        metrics = response ? response->body : "";
+        return metrics.find(gauge) != std::string::npos;
+      },
+      seconds(20)))
+      << metrics;
   killed.Kill(SIGKILL);
   killed.Stop(seconds(5));
   json one = WaitForStats(
