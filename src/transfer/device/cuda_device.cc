@@ -1,7 +1,9 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "transfer/device/cuda_device.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <iterator>
@@ -49,6 +51,18 @@ std::string BusId(int device) {
   char id[32] = {};
   if (cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) return std::string();
   return id;
+}
+
+// The driver's cuMemGetAddressRange, looked up in the driver library the runtime loaded (so that
+// binaries do not link libcuda, and start where the driver is missing); null when it is absent.
+decltype(&cuMemGetAddressRange) DriverAddressRange() {
+  static const auto function = [] {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_NOW);
+    void* symbol = driver == nullptr ? nullptr : dlsym(driver, "cuMemGetAddressRange_v2");
+    return reinterpret_cast<decltype(&cuMemGetAddressRange)>(symbol);
+  }();
+  return function;
 }
 
 // What a handle says: magic | str host id | i32 pid | str PCI bus id of the exporter's device |
@@ -340,6 +354,20 @@ Result<ImportedAllocation> CudaDevice::ImportAllocation(std::string_view bytes) 
     return FailedPreconditionError(
         "stale CUDA memory handle: its exporter (pid " + std::to_string(handle.pid) +
         ") freed the allocation or exited (" + cudaGetErrorName(error) + ")");
+  }
+  // The offset and size are the exporter's claims: the mapping must hold them, or copies the
+  // engine bounds by that size would run past it.
+  CUdeviceptr range_base = 0;
+  size_t range_size = 0;
+  auto address_range = DriverAddressRange();
+  if (address_range == nullptr ||
+      address_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(raw)) != CUDA_SUCCESS ||
+      handle.offset + handle.size > range_size) {
+    cudaIpcCloseMemHandle(raw);
+    return InvalidArgumentError("CUDA memory handle of pid " + std::to_string(handle.pid) +
+                                " claims " + std::to_string(handle.size) + " bytes at offset " +
+                                std::to_string(handle.offset) + "; the allocation has " +
+                                std::to_string(range_size));
   }
   const uint64_t base = reinterpret_cast<uint64_t>(raw) + handle.offset;
   imports_[base] = Import{raw, handle.size};

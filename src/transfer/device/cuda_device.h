@@ -18,8 +18,10 @@
 //    cudaIpcMemHandle_t, and the offset and size of the aligned allocation inside it. An import
 //    refuses another host's handle and this process's own, finds the exporter's device here by its
 //    PCI bus id, requires peer access from the initialized device (cudaDeviceCanAccessPeer), and
-//    maps it with cudaIpcOpenMemHandle. A copy must stay inside an import. The driver does not
-//    tell an importer that the exporter freed the memory after the import; an import made after
+//    maps it with cudaIpcOpenMemHandle; the offset and size the handle claims must lie inside the
+//    mapped allocation (the driver's cuMemGetAddressRange; an import is refused where it cannot be
+//    checked). A copy must stay inside an import. The driver does
+//    not tell an importer that the exporter freed the memory after the import; an import made after
 //    the exporter exited fails.
 // Thread-safe.
 #pragma once
