@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -24,7 +25,8 @@ namespace larder::transfer {
 inline constexpr uint64_t kMinStripeBytes = 256 * 1024;
 
 // copy(Slice*, begin, length) -> Status moves bytes [begin, begin + length) of one slice. It must
-// be safe to call concurrently from any thread and stays alive until every slice is reported.
+// be safe to call concurrently from any thread. It is destroyed before the last slice is reported,
+// so whatever it holds for the copies' sake (a mapping) is let go by the time the batch completes.
 template <typename CopyFn>
 void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* const> slices,
                    SliceCallback* done, CopyFn copy) {
@@ -38,7 +40,12 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
     workers = std::min<uint64_t>(pool->size(), pool->idle() + 1);
   }
   if (workers <= 1) {
-    for (Slice* s : slices) done->OnSliceDone(s, copy(s, 0, s->length));
+    std::optional<CopyFn> fn(std::move(copy));
+    for (size_t i = 0; i < slices.size(); ++i) {
+      Status st = (*fn)(slices[i], 0, slices[i]->length);
+      if (i + 1 == slices.size()) fn.reset();
+      done->OnSliceDone(slices[i], st);
+    }
     return;
   }
 
@@ -49,9 +56,11 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
   };
   struct Shared {
     // `status` is sized here, before any thread can see it, where the analysis needs no lock.
-    Shared(CopyFn fn, size_t count) : copy(std::move(fn)), status(count) {}
-    CopyFn copy;
+    Shared(CopyFn fn, size_t count) : copy(std::move(fn)), slices_left(count), status(count) {}
+    // Reset by the thread that finishes the last slice: every copy has returned by then.
+    std::optional<CopyFn> copy;
     std::vector<Slice*> slices;
+    std::atomic<size_t> slices_left;
     std::unique_ptr<std::atomic<uint32_t>[]> stripes_left;
     Mutex mu;
     std::vector<Status> status LARDER_GUARDED_BY(mu);
@@ -81,7 +90,7 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
   auto run = [shared, done](const std::vector<Piece>& task) {
     for (const Piece& p : task) {
       Slice* s = shared->slices[p.slice];
-      Status st = shared->copy(s, p.begin, p.length);
+      Status st = (*shared->copy)(s, p.begin, p.length);
       if (!st.ok()) {
         MutexLock lock(shared->mu);
         if (shared->status[p.slice].ok()) shared->status[p.slice] = st;
@@ -92,6 +101,7 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
           MutexLock lock(shared->mu);
           result = shared->status[p.slice];
         }
+        if (shared->slices_left.fetch_sub(1, std::memory_order_acq_rel) == 1) shared->copy.reset();
         done->OnSliceDone(s, result);
       }
     }

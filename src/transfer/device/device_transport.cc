@@ -195,8 +195,11 @@ class DeviceTransport final : public Transport {
       for (Slice* s : slices) done->OnSliceDone(s, device.status());
       return;
     }
+    // The copy function is the hold's only owner: ExecuteCopies lets it go before the batch
+    // completes, so a closed segment's import is unmapped by the time its last copy is reported.
     ExecuteCopies(context_.copy_pool, context_.options->inline_copy_bytes, slices, done,
-                  [this, base, hold, d = *device](Slice* s, uint64_t begin, uint64_t length) {
+                  [this, base, hold = std::move(hold), d = *device](Slice* s, uint64_t begin,
+                                                                    uint64_t length) {
                     (void)hold;  // held for the mapping's sake
                     return CopyRange(d, *s, base, begin, length);
                   });
