@@ -266,4 +266,13 @@ Status CheckReplicaColumns(const proto::BatchGetReplicasReply& reply, size_t cou
   return Status::Ok();
 }
 
+Status CheckPutStartReply(const proto::BatchPutStartReply& reply, size_t count) {
+  if (static_cast<size_t>(reply.results_size()) != count) {
+    return InternalError(
+        "larder-master sent a malformed PutStart reply: " + std::to_string(reply.results_size()) +
+        " results for " + std::to_string(count) + " keys");
+  }
+  return Status::Ok();
+}
+
 }  // namespace larder::client

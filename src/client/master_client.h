@@ -155,4 +155,7 @@ std::vector<Status> ItemStatuses(size_t count,
 // replica count per key, one segment and one offset per replica); Internal otherwise.
 Status CheckReplicaColumns(const proto::BatchGetReplicasReply& reply, size_t count);
 
+// OK when a PutStart reply has one result per key of a batch of `count`; Internal otherwise.
+Status CheckPutStartReply(const proto::BatchPutStartReply& reply, size_t count);
+
 }  // namespace larder::client

@@ -90,5 +90,17 @@ TEST(CheckReplicaColumnsTest, RejectsEveryMismatch) {
   EXPECT_EQ(CheckReplicaColumns(no_sizes, 2).code(), StatusCode::kInternal);
 }
 
+TEST(CheckPutStartReplyTest, RequiresOneResultPerKey) {
+  proto::BatchPutStartReply reply;
+  EXPECT_TRUE(CheckPutStartReply(reply, 0).ok());
+  reply.add_results()->add_replicas()->set_segment_id(7);
+  reply.add_results()->set_already_exists(true);
+  EXPECT_TRUE(CheckPutStartReply(reply, 2).ok());
+  Status fewer = CheckPutStartReply(reply, 3);  // a short reply must not be read past its end
+  EXPECT_EQ(fewer.code(), StatusCode::kInternal);
+  EXPECT_NE(fewer.message().find("2 results for 3 keys"), std::string::npos) << fewer;
+  EXPECT_EQ(CheckPutStartReply(reply, 1).code(), StatusCode::kInternal);
+}
+
 }  // namespace
 }  // namespace larder::client

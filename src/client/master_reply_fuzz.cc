@@ -3,7 +3,8 @@
 // Fuzzes the store client's decoding of the master's replies: a BatchGetReplicas reply and the
 // ListSegments reply that names its segments (two length-prefixed protobuf messages), checked
 // and turned into ObjectInfos for a batch of as many keys as the first byte says, the per-item
-// statuses of a reply's error list, and the segment descriptors inside ListSegments. A master, or
+// statuses of a reply's error list, and the segment descriptors inside ListSegments; the first
+// message is also read as a BatchPutStart reply, checked and read for that batch. A master, or
 // whoever answers in its place, must not be able to crash a client.
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +31,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   data += 3;
   size -= 3;
   if (first > size) first = size;
+  // The first message read as a PutStart reply as well: checked, then read as the client does.
+  proto::BatchPutStartReply put;
+  if (put.ParseFromArray(data, static_cast<int>(first)) &&
+      client::CheckPutStartReply(put, count).ok()) {
+    for (size_t i = 0; i < count; ++i) {
+      const proto::PutStartResult& result = put.results(static_cast<int>(i));
+      (void)client::FromItemStatus(result.status());
+      for (const proto::Replica& replica : result.replicas()) (void)replica.offset();
+    }
+  }
   proto::BatchGetReplicasReply replicas;
   proto::ListSegmentsReply segments;
   if (!replicas.ParseFromArray(data, static_cast<int>(first))) return 0;

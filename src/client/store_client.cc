@@ -21,6 +21,7 @@ namespace {
 
 using client::AddTrafficReport;
 using client::BatchTooLarge;
+using client::CheckPutStartReply;
 using client::CheckReplicaColumns;
 using client::Fragment;
 using client::FromItemStatus;
@@ -666,6 +667,7 @@ class StoreClientImpl final : public StoreClient {
     request.set_upsert(config.overwrite);
     AddUnreachable(&request);
     Status status = Rpc("BatchPutStart", &Stub::BatchPutStart, &request, &reply);
+    if (status.ok()) status = CheckPutStartReply(reply, keys.size());
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
 
     std::vector<uint64_t> segment_ids;
