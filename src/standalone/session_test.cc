@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 
+#include "common/mutex.h"
 #include "standalone/standalone_testing.h"
 
 namespace larder::standalone {
@@ -30,12 +31,12 @@ class MemoryStore final : public StoreClient {
   TransferEngine& engine() override { std::abort(); }
 
   Status Put(std::string_view key, std::span<const std::byte> value, const PutConfig&) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     values_[std::string(key)].assign(reinterpret_cast<const char*>(value.data()), value.size());
     return Status::Ok();
   }
   Result<std::string> Get(std::string_view key) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = values_.find(std::string(key));
     if (it == values_.end()) return NotFoundError("no " + std::string(key));
     return it->second;
@@ -53,12 +54,12 @@ class MemoryStore final : public StoreClient {
     return out;
   }
   Status RegisterBuffer(void* ptr, size_t size) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     registered_[ptr] = size;
     return Status::Ok();
   }
   Status UnregisterBuffer(void* ptr) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return registered_.erase(ptr) > 0 ? Status::Ok() : NotFoundError("not registered");
   }
   Status PutFrom(std::string_view key, const void* ptr, size_t size, const PutConfig& c) override {
@@ -142,7 +143,7 @@ class MemoryStore final : public StoreClient {
     return value.size();
   }
   Status Remove(std::string_view key, bool) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return values_.erase(std::string(key)) > 0 ? Status::Ok() : NotFoundError("no key");
   }
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
@@ -151,7 +152,7 @@ class MemoryStore final : public StoreClient {
     return out;
   }
   Result<uint64_t> RemoveAll(bool) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     uint64_t n = values_.size();
     values_.clear();
     return n;
@@ -172,7 +173,7 @@ class MemoryStore final : public StoreClient {
   Result<RouteKind> RouteTo(std::string_view) override { return RouteKind::kLocal; }
 
   size_t registered() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return registered_.size();
   }
 
@@ -194,9 +195,9 @@ class MemoryStore final : public StoreClient {
 
   std::string name_ = "daemon-segment";
   std::string id_ = "daemon-id";
-  std::mutex mu_;
-  std::map<std::string, std::string> values_;
-  std::map<void*, size_t> registered_;
+  Mutex mu_;
+  std::map<std::string, std::string> values_ LARDER_GUARDED_BY(mu_);
+  std::map<void*, size_t> registered_ LARDER_GUARDED_BY(mu_);
 };
 
 // Memory of "the client" (this test plays both sides), sealed as larder-client requires.

@@ -50,16 +50,23 @@ struct PeerCounters {
 struct OpenedSegment {
   SegmentHandle handle = 0;
   SegmentDescriptor descriptor;
+  // A way to the segment.
   struct Route {
     Transport* transport = nullptr;
-    RouteKind kind;                         // transport->route(), cached for the hot path
-    std::shared_ptr<RemoteSegment> remote;  // null until opened
-    bool failed = false;                    // open was tried and failed
-    PeerCounters* counters = nullptr;       // owned by the engine
+    RouteKind kind;                    // transport->route(), cached for the hot path
+    PeerCounters* counters = nullptr;  // owned by the engine
   };
-  // routes[0] is the primary and is immutable after open; later entries are guarded by mu.
+  // What a fallback route has opened: null until its first need; `failed` once an open failed.
+  struct Fallback {
+    std::shared_ptr<RemoteSegment> remote;
+    bool failed = false;
+  };
+  // routes[0] is the primary, opened with the segment; routes and primary are fixed once the
+  // segment is published. Fallbacks open on first need, under mu: fallbacks[i] is routes[i + 1]'s.
   std::vector<Route> routes;
+  std::shared_ptr<RemoteSegment> primary;
   Mutex mu;
+  std::vector<Fallback> fallbacks LARDER_GUARDED_BY(mu);
 };
 
 namespace {
@@ -161,7 +168,8 @@ class Engine final : public TransferEngine, public SliceCallback {
   }
   bool LocalRangeRegistered(const void* ptr, uint64_t length) const;
   // Opens the next route after `attempt` for a retry; null when there is none.
-  OpenedSegment::Route* NextRoute(OpenedSegment* segment, uint32_t* attempt);
+  // The next fallback route after *attempt that opens (setting *attempt to it), or null.
+  std::shared_ptr<RemoteSegment> NextRoute(OpenedSegment* segment, uint32_t* attempt);
   void FinishSlice(BatchState* batch, Slice* slice, const Status& status,
                    const OpenedSegment::Route& route);
   // The counters of (descriptor's engine, route), created on first use.
@@ -419,12 +427,11 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
                      "); trying the next route");
         continue;
       }
-      opened->routes.push_back({t.get(), t->route(), std::move(remote).value(), false,
-                                CountersFor(descriptor, t->route())});
+      opened->routes.push_back({t.get(), t->route(), CountersFor(descriptor, t->route())});
+      opened->primary = std::move(remote).value();
     } else {
       // Opened on first need.
-      opened->routes.push_back(
-          {t.get(), t->route(), nullptr, false, CountersFor(descriptor, t->route())});
+      opened->routes.push_back({t.get(), t->route(), CountersFor(descriptor, t->route())});
     }
   }
   if (opened->routes.empty()) {
@@ -437,6 +444,10 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
                          descriptor.engine_id + " (" +
                          std::string(MemoryKindName(descriptor.memory_kind)) +
                          " memory; this engine's routes: " + enabled + ")");
+  }
+  {
+    MutexLock lock(opened->mu);
+    opened->fallbacks.resize(opened->routes.size() - 1);
   }
   WriterLock lock(opened_mu_);
   opened->handle = next_handle_++;
@@ -469,9 +480,10 @@ Status Engine::CloseSegment(SegmentHandle handle) {
     close_version_.fetch_add(1);
   }
   // Idle batches may keep the OpenedSegment itself a while (their cache); its mappings go now.
+  closed->primary->Close();
   MutexLock lock(closed->mu);
-  for (OpenedSegment::Route& route : closed->routes) {
-    if (route.remote) route.remote->Close();
+  for (OpenedSegment::Fallback& fallback : closed->fallbacks) {
+    if (fallback.remote) fallback.remote->Close();
   }
   return Status();
 }
@@ -594,29 +606,29 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
     }
     // Transports copy what they keep of the span; no one else can reach this batch before
     // Submit returns its id, so reusing `dispatch` for the next run is safe.
-    OpenedSegment::Route& primary = seg->routes[0];
-    primary.transport->Submit(*primary.remote, batch->dispatch, this);
+    seg->routes[0].transport->Submit(*seg->primary, batch->dispatch, this);
   }
   return id;
 }
 
-OpenedSegment::Route* Engine::NextRoute(OpenedSegment* segment, uint32_t* attempt) {
+std::shared_ptr<RemoteSegment> Engine::NextRoute(OpenedSegment* segment, uint32_t* attempt) {
   MutexLock lock(segment->mu);
   for (uint32_t next = *attempt + 1; next < segment->routes.size(); ++next) {
-    OpenedSegment::Route& route = segment->routes[next];
-    if (route.failed) continue;
-    if (!route.remote) {
-      auto remote = route.transport->Open(segment->descriptor);
+    Transport* transport = segment->routes[next].transport;
+    OpenedSegment::Fallback& fallback = segment->fallbacks[next - 1];
+    if (fallback.failed) continue;
+    if (!fallback.remote) {
+      auto remote = transport->Open(segment->descriptor);
       if (!remote.ok()) {
-        route.failed = true;
-        Log().warn("fallback route {} to segment '{}' failed to open: {}", route.transport->name(),
+        fallback.failed = true;
+        Log().warn("fallback route {} to segment '{}' failed to open: {}", transport->name(),
                    segment->descriptor.name, remote.status().ToString());
         continue;
       }
-      route.remote = std::move(remote).value();
+      fallback.remote = std::move(remote).value();
     }
     *attempt = next;
-    return &route;
+    return fallback.remote;
   }
   return nullptr;
 }
@@ -628,15 +640,15 @@ void Engine::OnSliceDone(Slice* slice, Status status) {
   RouteKind route = used.kind;
   if (!status.ok() && IsRetryable(status) && Clock::now() < slice->deadline) {
     uint32_t attempt = slice->attempt;
-    if (OpenedSegment::Route* next = NextRoute(segment, &attempt)) {
-      WarnOnce(
-          "retry/" + segment->descriptor.engine_id + "/" + std::string(next->transport->name()),
-          "slice to segment '" + segment->descriptor.name + "' failed on " +
-              std::string(RouteKindName(route)) + " (" + status.ToString() + "); retrying on " +
-              std::string(next->transport->name()));
+    if (std::shared_ptr<RemoteSegment> remote = NextRoute(segment, &attempt)) {
+      Transport* next = segment->routes[attempt].transport;
+      WarnOnce("retry/" + segment->descriptor.engine_id + "/" + std::string(next->name()),
+               "slice to segment '" + segment->descriptor.name + "' failed on " +
+                   std::string(RouteKindName(route)) + " (" + status.ToString() +
+                   "); retrying on " + std::string(next->name()));
       slice->attempt = attempt;
       Slice* one[1] = {slice};
-      next->transport->Submit(*next->remote, one, this);
+      next->Submit(*remote, one, this);
       return;
     }
   }

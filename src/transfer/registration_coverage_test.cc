@@ -7,11 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <mutex>
 #include <ostream>
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace larder::transfer {
 
@@ -41,27 +42,27 @@ class StrictNativeLayer {
 
   // Makes the n-th call from now (1 = the next one) fail with Unavailable.
   void FailNthCallFromNow(size_t n) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     fail_at_call_ = calls_.size() + n;
   }
 
   std::vector<NativeRange> calls() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return calls_;
   }
   uint64_t accepted_bytes() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return accepted_bytes_;
   }
   // Calls that a real fabric would have rejected: misaligned, empty or overlapping.
   int violations() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return violations_;
   }
 
  private:
   Status Register(uint64_t begin, uint64_t length) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const uint64_t end = begin + length;
     calls_.push_back(NativeRange{begin, end});
     if (calls_.size() == fail_at_call_) return UnavailableError("injected native failure");
@@ -81,12 +82,12 @@ class StrictNativeLayer {
   }
 
   const uint64_t granularity_;
-  mutable std::mutex mu_;
-  std::vector<NativeRange> calls_;     // guarded by mu_
-  std::vector<NativeRange> accepted_;  // guarded by mu_
-  size_t fail_at_call_ = 0;            // 1-based call index to fail, 0 for none; guarded by mu_
-  int violations_ = 0;                 // guarded by mu_
-  uint64_t accepted_bytes_ = 0;        // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<NativeRange> calls_ LARDER_GUARDED_BY(mu_);
+  std::vector<NativeRange> accepted_ LARDER_GUARDED_BY(mu_);
+  size_t fail_at_call_ LARDER_GUARDED_BY(mu_) = 0;  // 1-based call index to fail, 0 for none
+  int violations_ LARDER_GUARDED_BY(mu_) = 0;
+  uint64_t accepted_bytes_ LARDER_GUARDED_BY(mu_) = 0;
 };
 
 // A coverage with 2 MiB granules in front of a strict fabric.

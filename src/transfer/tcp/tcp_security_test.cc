@@ -20,11 +20,11 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "common/test_certs.h"
 #include "larder/transfer_engine.h"
@@ -65,7 +65,7 @@ class FakeServer {
   ~FakeServer() {
     stopping_ = true;
     if (accept_thread_.joinable()) accept_thread_.join();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (int fd : sockets_) shutdown(fd, SHUT_RDWR);
     for (auto& t : threads_) t.join();
     for (int fd : sockets_) close(fd);
@@ -80,7 +80,7 @@ class FakeServer {
       if (poll(&p, 1, 50) <= 0) continue;
       int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       // The handler gets its own descriptor of the socket; this one stays for the shutdown.
       sockets_.push_back(fd);
       threads_.emplace_back([this, fd] {
@@ -95,9 +95,9 @@ class FakeServer {
   std::string address_;
   std::atomic<bool> stopping_{false};
   std::thread accept_thread_;
-  std::mutex mu_;
-  std::vector<int> sockets_;          // guarded by mu_
-  std::vector<std::thread> threads_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<int> sockets_ LARDER_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ LARDER_GUARDED_BY(mu_);
 };
 
 struct Frame {
