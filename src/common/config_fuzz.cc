@@ -1,7 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // Fuzzes the parsers of configuration text (environment variables, flags, options): byte sizes,
-// durations, host:port addresses, huge-page modes and protocol strings. The first byte picks the
+// durations, host:port addresses, huge-page modes, protocol strings and the emulated device's peer
+// groups (LARDER_EMULATED_DEVICE_PEERS). The first byte picks the
 // parser; what parses must be sane (a port in range, a protocol of registered routes).
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "common/env.h"
 #include "common/net.h"
 #include "larder/transfer_engine.h"
+#include "transfer/device/emulated_device.h"
 
 using namespace larder;  // NOLINT: a fuzz target
 
@@ -25,7 +27,7 @@ void Check(bool condition) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
-  switch (data[0] % 6) {
+  switch (data[0] % 7) {
     case 0:
       (void)ParseByteSize(text);
       break;
@@ -47,6 +49,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 4:
       if (auto mode = ParseHugePages(text); mode.ok()) {
         Check(ParseHugePages(HugePagesName(*mode)).ok());
+      }
+      break;
+    case 6:
+      // Empty: one group of every device; else a group (or -1: none) for each device.
+      if (auto groups = transfer::ParsePeerGroups(text, 8); groups.ok() && !groups->empty()) {
+        Check(groups->size() == 8);
+        for (int group : *groups) Check(group >= -1 && group < 8);
       }
       break;
     default:

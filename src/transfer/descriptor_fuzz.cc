@@ -1,9 +1,11 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // Fuzzes segment descriptors as they arrive from peers and the master (JSON, with base64
-// transport blobs), and the transports' readers of those blobs: the tcp endpoint, the shm socket
-// and, where built, the ucx record. A descriptor that parses must survive ToJson / FromJson
-// unchanged; no blob may crash a transport's CanReach.
+// transport blobs), and the transports' readers of those blobs: the tcp endpoint, the shm socket,
+// the device transport's handle and, where built, the ucx record. A descriptor that parses must
+// survive ToJson / FromJson unchanged; no blob may crash a transport's CanReach. An input that is
+// not a JSON object is a device memory handle, imported by an emulated device (host "fuzz-host"):
+// no handle may crash it or map anything that is not the exporter's tagged memory.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "larder/transfer_engine.h"
+#include "transfer/device/emulated_device.h"
 #include "transfer/engine_internal.h"
 #include "transfer/transport_registry.h"
 
@@ -36,7 +39,7 @@ bool Same(const SegmentDescriptor& a, const SegmentDescriptor& b) {
 std::vector<std::unique_ptr<transfer::Transport>>& Transports() {
   static auto* transports = [] {
     auto* all = new std::vector<std::unique_ptr<transfer::Transport>>();
-    for (const char* name : {"tcp", "shm", "ucx"}) {
+    for (const char* name : {"tcp", "shm", "device", "ucx"}) {
       const transfer::TransportFactory* f = transfer::TransportRegistry::Global().Find(name);
       if (f != nullptr) all->push_back(f->create({.named = true}));
     }
@@ -45,10 +48,30 @@ std::vector<std::unique_ptr<transfer::Transport>>& Transports() {
   return *transports;
 }
 
+// An initialized emulated device of the host "fuzz-host" (the handles' host field is what the
+// fuzzer controls), on device 0 of the fuzzing thread.
+transfer::EmulatedDevice& Importer() {
+  static auto* device = [] {
+    auto* d = new transfer::EmulatedDevice({.host_id = "fuzz-host"});
+    Check(d->SetCurrentDevice(0).ok() && d->Init().ok());
+    return d;
+  }();
+  return *device;
+}
+
+void ImportHandle(std::string_view handle) {
+  Result<transfer::ImportedAllocation> imported = Importer().ImportAllocation(handle);
+  if (imported.ok()) Check(Importer().CloseImport(imported->base).ok());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view json(reinterpret_cast<const char*>(data), size);
+  if (!json.starts_with('{')) {
+    ImportHandle(json);
+    return 0;
+  }
   auto parsed = SegmentDescriptor::FromJson(json);
   if (!parsed.ok()) return 0;
   Check(parsed->transports.size() <= SegmentDescriptor::kMaxTransports);
@@ -58,5 +81,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto again = SegmentDescriptor::FromJson(parsed->ToJson());
   Check(again.ok() && Same(*parsed, *again));
   for (auto& transport : Transports()) (void)transport->CanReach(*parsed);
+  if (const std::string* handle = parsed->TransportBlob("device")) ImportHandle(*handle);
   return 0;
 }
