@@ -245,12 +245,13 @@ int Clients(const Global& global) {
   for (const json& c : list) {
     rows.push_back({c.value("client_id", ""), c.value("host_id", ""),
                     std::to_string(c.value("pid", int64_t{0})),
+                    c.value("alive", true) ? "yes" : "no (expired)",
                     Fixed(c.value("last_heartbeat_ms_ago", 0.0) / 1000, 1) + " s ago",
                     std::to_string(c.value("segments", uint64_t{0})),
                     Routes(c.value("routes", json{}))});
   }
-  PrintTable({"CLIENT", "HOST", "PID", "HEARTBEAT", "SEGMENTS", "MOVED"}, rows,
-             {false, false, true, true, true, false});
+  PrintTable({"CLIENT", "HOST", "PID", "ALIVE", "HEARTBEAT", "SEGMENTS", "MOVED"}, rows,
+             {false, false, true, false, true, true, false});
   return 0;
 }
 

@@ -611,7 +611,7 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
                  out.push_back({{"client_id", client.client_id},
                                 {"host_id", client.host_id},
                                 {"pid", client.pid},
-                                {"alive", true},
+                                {"alive", client.alive},
                                 {"last_heartbeat_ms_ago", client.since_last_seen_ms},
                                 {"segments", segments[client.client_id]},
                                 {"mapped_segments", report.mapped_segments},

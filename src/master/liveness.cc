@@ -70,6 +70,13 @@ std::vector<ClientView> MasterState::ListClients() const {
       clients.push_back(ClientView{client_id, record.host_id, record.pid,
                                    std::max<int64_t>(0, now - record.last_seen) / 1'000'000});
     }
+    const int64_t kept = ToNanos(kExpiredClientsKept);
+    for (const ExpiredClient& expired : expired_clients_) {
+      if (now - expired.expired_at > kept) continue;
+      clients.push_back(ClientView{expired.client_id, expired.host_id, expired.pid,
+                                   std::max<int64_t>(0, now - expired.last_seen) / 1'000'000,
+                                   /*alive=*/false});
+    }
   }
   std::sort(clients.begin(), clients.end(),
             [](const ClientView& a, const ClientView& b) { return a.client_id < b.client_id; });
@@ -84,10 +91,17 @@ void MasterState::ExpireClients(int64_t now) {
     for (auto it = clients_.begin(); it != clients_.end();) {
       if (now - it->second.last_seen > ttl) {
         expired.emplace_back(it->first, it->second.slot);
+        expired_clients_.push_back(
+            {it->first, it->second.host_id, it->second.pid, it->second.last_seen, now});
         it = clients_.erase(it);
       } else {
         ++it;
       }
+    }
+    const int64_t kept = ToNanos(kExpiredClientsKept);
+    while (!expired_clients_.empty() && (expired_clients_.size() > kMaxExpiredClientsShown ||
+                                         now - expired_clients_.front().expired_at > kept)) {
+      expired_clients_.pop_front();
     }
     // A claim not renewed for two TTLs was given up (its client mounted elsewhere, or left).
     std::erase_if(claims_, [&](const auto& entry) { return now - entry.second.since > 2 * ttl; });

@@ -213,6 +213,9 @@ std::vector<MountOutcome> MasterState::MountSegments(const MountCaller& caller,
     MutexLock lock(clients_mu_);
     auto [it, inserted] = clients_.try_emplace(caller.client_id);
     if (inserted) {
+      std::erase_if(expired_clients_, [&](const ExpiredClient& expired) {
+        return expired.client_id == caller.client_id;
+      });
       it->second.slot = next_client_slot_++;
       it->second.host_id = caller.host_id;
       Log().info("client {} (host {}, pid {}) registered", caller.client_id, caller.host_id,

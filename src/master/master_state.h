@@ -40,7 +40,14 @@ struct ClientView {
   std::string host_id;
   uint32_t pid = 0;                // of the process that mounted last; 0: not said
   int64_t since_last_seen_ms = 0;  // since its last call or heartbeat
+  // False for a client that the master expired (silent past the client TTL) in the last
+  // kExpiredClientsKept, and that has not mounted again since.
+  bool alive = true;
 };
+
+// How long, and how many, expired clients ListClients still shows (alive = false).
+inline constexpr std::chrono::minutes kExpiredClientsKept{10};
+inline constexpr size_t kMaxExpiredClientsShown = 64;
 
 // All of the master's metadata and the operations on it, with no networking: the gRPC service
 // and the HTTP endpoint are thin layers over this class, and unit tests drive it directly.
@@ -294,6 +301,14 @@ class MasterState {
     int64_t last_seen = 0;
     uint32_t pid = 0;  // of the process that mounted last; 0: not said
   };
+  // A client the master expired, shown by ListClients for a while (alive = false).
+  struct ExpiredClient {
+    std::string client_id;
+    std::string host_id;
+    uint32_t pid = 0;
+    int64_t last_seen = 0;
+    int64_t expired_at = 0;
+  };
   // A client refused a segment name that another client holds (see MountSegments, takeover).
   struct NameClaim {
     std::string client_id;
@@ -413,6 +428,9 @@ class MasterState {
 
   mutable Mutex clients_mu_;
   std::unordered_map<std::string, ClientRecord> clients_ LARDER_GUARDED_BY(clients_mu_);
+  // Oldest first; at most kMaxExpiredClientsShown, none older than kExpiredClientsKept, none
+  // that mounted again.
+  std::deque<ExpiredClient> expired_clients_ LARDER_GUARDED_BY(clients_mu_);
   // By segment name; pruned by the sweeper once old.
   std::unordered_map<std::string, NameClaim> claims_ LARDER_GUARDED_BY(clients_mu_);
   std::atomic<uint64_t> segments_version_{1};

@@ -213,6 +213,14 @@ TEST_F(MasterStateTest, SilentClientIsExpiredAndItsReplicasDropped) {
   MasterStats stats = state_.Stats();
   EXPECT_EQ(stats.clients, 1u);
   EXPECT_EQ(stats.segments, 1u);
+  // The operator still sees it, not alive, with how long it has been silent.
+  std::vector<ClientView> listed = state_.ListClients();
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].client_id, "a");
+  EXPECT_FALSE(listed[0].alive);
+  EXPECT_GE(listed[0].since_last_seen_ms, 3000);
+  EXPECT_EQ(listed[1].client_id, "b");
+  EXPECT_TRUE(listed[1].alive);
   EXPECT_EQ(Exist("b", "only-on-a").code(), StatusCode::kNotFound);
   GetOutcome survivor = Get("b", "on-both");
   ASSERT_TRUE(survivor.status.ok());
@@ -225,6 +233,36 @@ TEST_F(MasterStateTest, SilentClientIsExpiredAndItsReplicasDropped) {
             StatusCode::kFailedPrecondition);
   Mount("a", "seg-a", 1 << 20);
   EXPECT_TRUE(Put("a", "x", 10).ok());
+  // Mounted again: listed once, alive.
+  listed = state_.ListClients();
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].client_id, "a");
+  EXPECT_TRUE(listed[0].alive);
+}
+
+TEST_F(MasterStateTest, ExpiredClientsAreListedForAWhileThenForgotten) {
+  Mount("a", "seg-a", 1 << 20);
+  for (int i = 0; i < 6; ++i) {  // past the client TTL (5 s)
+    Advance(milliseconds(1000));
+    state_.RunMaintenance();
+  }
+  ASSERT_EQ(state_.ListClients().size(), 1u);
+  EXPECT_FALSE(state_.ListClients()[0].alive);
+  Advance(kExpiredClientsKept + milliseconds(1));
+  EXPECT_TRUE(state_.ListClients().empty());  // past the time it is kept, even before a sweep
+  state_.RunMaintenance();
+  EXPECT_TRUE(state_.ListClients().empty());
+  // At most kMaxExpiredClientsShown are kept, the most recent ones.
+  for (size_t i = 0; i < kMaxExpiredClientsShown + 5; ++i) {
+    Mount("c" + std::to_string(1000 + i), "seg-c" + std::to_string(i), 1 << 20);
+  }
+  for (int i = 0; i < 6; ++i) {  // past the client TTL (5 s)
+    Advance(milliseconds(1000));
+    state_.RunMaintenance();
+  }
+  std::vector<ClientView> listed = state_.ListClients();
+  ASSERT_EQ(listed.size(), kMaxExpiredClientsShown);
+  for (const ClientView& client : listed) EXPECT_FALSE(client.alive) << client.client_id;
 }
 
 TEST_F(MasterStateTest, SegmentsTheWriterCannotReachArePlacedLast) {

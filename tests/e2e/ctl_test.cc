@@ -183,6 +183,12 @@ TEST_F(CtlTest, SegmentsAndClientsNeedTheAdminToken) {
   EXPECT_EQ(c[0]["client_id"], client_->client_id());
   EXPECT_EQ(c[0]["pid"], getpid());
   EXPECT_EQ(c[0]["segments"], 1);
+  EXPECT_EQ(c[0]["alive"], true);
+  Ctl client_table = Run({"clients"});
+  ASSERT_EQ(client_table.exit_code, 0) << client_table.err;
+  EXPECT_EQ(client_table.out.rfind("CLIENT", 0), 0u) << client_table.out;
+  EXPECT_NE(client_table.out.find("ALIVE"), std::string::npos) << client_table.out;
+  EXPECT_NE(client_table.out.find(" yes "), std::string::npos) << client_table.out;
 }
 
 TEST_F(CtlTest, KeysAndGetReadWhatWasPut) {
