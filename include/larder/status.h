@@ -73,9 +73,13 @@ enum class ErrorDetail : uint8_t {
   // Unavailable for one key: a new master is still rebuilding its objects from the clients'
   // catalogs, and this key may yet come. Repeat shortly (the message says until when).
   kRebuilding = 5,
+  // Unauthenticated for a whole call: the master does not know the caller's session (it
+  // restarted, or the session expired). Open a new session, then repeat the call.
+  kUnknownSession = 6,
 };
 
-// "None", "RemountRequired", "LeaseExpired", "BeingWritten", "Leased", "Rebuilding".
+// "None", "RemountRequired", "LeaseExpired", "BeingWritten", "Leased", "Rebuilding",
+// "UnknownSession".
 LARDER_EXPORT std::string_view ErrorDetailName(ErrorDetail detail);
 
 class [[nodiscard]] LARDER_EXPORT Status {

@@ -16,8 +16,6 @@ namespace larder::client {
 
 namespace {
 
-constexpr char kUnknownSessionDetail[] = "larder:unknown-session";  // as master/sessions.h
-
 std::string RandomClientId() {
   uint8_t bytes[8];
   RandomBytes(bytes, sizeof(bytes));
@@ -127,7 +125,7 @@ bool MasterClient::FollowLeader(const Connection& stale) const {
 
 bool MasterClient::IsUnknownSession(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
-         status.error_details() == kUnknownSessionDetail;
+         ErrorDetailFromWire(status.error_details()) == ErrorDetail::kUnknownSession;
 }
 
 bool MasterClient::IsUnreachable(const grpc::Status& status) {

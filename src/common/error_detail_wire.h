@@ -19,6 +19,7 @@ inline ErrorDetail ErrorDetailFromNumber(uint64_t number) {
     case static_cast<uint64_t>(ErrorDetail::kBeingWritten):
     case static_cast<uint64_t>(ErrorDetail::kLeased):
     case static_cast<uint64_t>(ErrorDetail::kRebuilding):
+    case static_cast<uint64_t>(ErrorDetail::kUnknownSession):
       return static_cast<ErrorDetail>(number);
     default:
       return ErrorDetail::kNone;

@@ -62,6 +62,8 @@ std::string_view ErrorDetailName(ErrorDetail detail) {
       return "Leased";
     case ErrorDetail::kRebuilding:
       return "Rebuilding";
+    case ErrorDetail::kUnknownSession:
+      return "UnknownSession";
   }
   return "None";
 }

@@ -183,7 +183,7 @@ TEST(StatusTest, DetailIsCarriedThroughContextAndCompared) {
 TEST(ErrorDetailWireTest, RoundTripsAndRefusesWhatItDoesNotKnow) {
   for (ErrorDetail detail :
        {ErrorDetail::kRemountRequired, ErrorDetail::kLeaseExpired, ErrorDetail::kBeingWritten,
-        ErrorDetail::kLeased, ErrorDetail::kRebuilding}) {
+        ErrorDetail::kLeased, ErrorDetail::kRebuilding, ErrorDetail::kUnknownSession}) {
     EXPECT_EQ(ErrorDetailFromWire(ErrorDetailToWire(detail)), detail) << ErrorDetailName(detail);
   }
   EXPECT_EQ(ErrorDetailToWire(ErrorDetail::kNone), "");

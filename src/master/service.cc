@@ -114,15 +114,6 @@ enum class Need {
   kAdmin,   // an operator session (the admin token)
 };
 
-grpc::Status Unauthenticated(const Status& status) {
-  if (status.message() == kUnknownSessionDetail) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "unknown session (the master restarted, or the session expired)",
-                        kUnknownSessionDetail);
-  }
-  return ToGrpc(status);
-}
-
 class MasterService final : public proto::Master::Service {
  public:
   MasterService(MasterState* state, SessionTable* sessions, const ServingGate* gate)
@@ -150,7 +141,7 @@ class MasterService final : public proto::Master::Service {
     }
     auto identity =
         sessions_->Verify(metadata, method, [&request] { return SerializeForMac(request); });
-    if (!identity.ok()) return Unauthenticated(identity.status());
+    if (!identity.ok()) return ToGrpc(identity.status());
     if constexpr (requires { request.client_id(); }) {
       if (need == Need::kSelf && request.client_id() != identity->client_id) {
         Log().warn("{}: session of client {} refused acting for client {}", method,

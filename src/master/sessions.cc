@@ -142,7 +142,10 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
     auto it = sessions_.find(session_id);
     if (it != sessions_.end()) session = it->second;
   }
-  if (session == nullptr) return UnauthenticatedError(kUnknownSessionDetail);
+  if (session == nullptr) {
+    return UnauthenticatedError("unknown session (the master restarted, or the session expired)")
+        .WithDetail(ErrorDetail::kUnknownSession);
+  }
   control_auth::Digest expected = control_auth::CallMac(session->key, method, sequence, body());
   if (!DigestEqual(expected.data(), mac.data())) {
     return UnauthenticatedError("wrong proof for " + std::string(method));

@@ -49,10 +49,6 @@ struct CallIdentity {
 // Longest client id a session may be opened for.
 inline constexpr size_t kMaxClientIdBytes = 256;
 
-// The error detail of UNAUTHENTICATED for a session the master does not know (it restarted, or
-// the session expired): the client opens a new session and repeats the call.
-inline constexpr char kUnknownSessionDetail[] = "larder:unknown-session";
-
 // Thread-safe.
 class SessionTable {
  public:
@@ -78,7 +74,7 @@ class SessionTable {
 
   // Checks a call's `larder-auth-bin` metadata against the method and the serialized request.
   // Errors: Unauthenticated (missing or malformed proof, wrong mac, replayed sequence number; an
-  // unknown session carries kUnknownSessionDetail in the message).
+  // unknown session has the detail ErrorDetail::kUnknownSession).
   // `body` serializes the request; it is called only once the metadata names a known session, so
   // a caller without one costs no work proportional to its request.
   Result<CallIdentity> Verify(std::string_view metadata, std::string_view method,
