@@ -40,12 +40,15 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
     workers = std::min<uint64_t>(pool->size(), pool->idle() + 1);
   }
   if (workers <= 1) {
-    std::optional<CopyFn> fn(std::move(copy));
-    for (size_t i = 0; i < slices.size(); ++i) {
-      Status st = (*fn)(slices[i], 0, slices[i]->length);
-      if (i + 1 == slices.size()) fn.reset();
-      done->OnSliceDone(slices[i], st);
+    if (slices.empty()) return;
+    // The copy function lives in this block only: it is gone before the last slice is reported.
+    Status last;
+    {
+      CopyFn fn(std::move(copy));
+      for (Slice* s : slices.first(slices.size() - 1)) done->OnSliceDone(s, fn(s, 0, s->length));
+      last = fn(slices.back(), 0, slices.back()->length);
     }
+    done->OnSliceDone(slices.back(), last);
     return;
   }
 
