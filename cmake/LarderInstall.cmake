@@ -20,7 +20,13 @@ add_library(larder_shared SHARED src/liblarder.cc ${larder_objects})
 larder_target_defaults(larder_shared)
 target_link_libraries(larder_shared PRIVATE larder larder_client larder_standalone larder_common)
 # Versioned soname: liblarder.so.MAJOR.MINOR (an ABI may change between 0.x minors).
+# The version script keeps the dynamic symbol table to the larder namespace: template code of the
+# standard library instantiated inside (a deque's iterators, say) stays local, whichever compiler
+# decided its visibility.
+target_link_options(larder_shared PRIVATE
+  -Wl,--version-script=${PROJECT_SOURCE_DIR}/src/liblarder.map)
 set_target_properties(larder_shared PROPERTIES
+  LINK_DEPENDS ${PROJECT_SOURCE_DIR}/src/liblarder.map
   OUTPUT_NAME larder
   VERSION ${PROJECT_VERSION}
   SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
@@ -93,6 +99,11 @@ if(LARDER_BUILD_TESTS)
     # pip builds in the source tree (setup.cfg): never two at once.
     set_tests_properties(pip_install_test PROPERTIES TIMEOUT 900 LABELS install
       RESOURCE_LOCK pip_build)
+    if(LARDER_SANITIZE)
+      larder_sanitizer_runtimes(runtimes)
+      set_tests_properties(pip_install_test PROPERTIES
+        ENVIRONMENT "LARDER_SANITIZER_RUNTIMES=${runtimes}")
+    endif()
   endif()
 endif()
 

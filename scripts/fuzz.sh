@@ -9,7 +9,23 @@
 # Prints one JSON line per target: {"target", "seconds", "executions", "exec_per_s", "coverage",
 # "features", "corpus_inputs", "crashed"}.
 # usage: scripts/fuzz.sh BUILD_DIR [SECONDS [RUNS [TARGET...]]]   (RUNS 0: no limit on runs)
+#
+#        scripts/fuzz.sh --replay TARGET_BINARY DIR...
+# runs the target once over every file in the DIRs (a missing DIR is skipped: a target may have no
+# regressions yet), without fuzzing: the replay tests of a fuzz build.
 set -euo pipefail
+if [ "${1:-}" = --replay ]; then
+  target=${2:?usage: scripts/fuzz.sh --replay TARGET_BINARY DIR...}
+  shift 2
+  inputs=()
+  for dir in "$@"; do
+    [ -d "$dir" ] || continue
+    while IFS= read -r -d '' file; do inputs+=("$file"); done < <(find "$dir" -type f -print0 | sort -z)
+  done
+  [ ${#inputs[@]} -gt 0 ] || { echo "fuzz: no inputs to replay in $*" >&2; exit 1; }
+  echo "fuzz: replaying ${#inputs[@]} inputs through $target"
+  exec "$target" -rss_limit_mb=4096 "${inputs[@]}"
+fi
 cd "$(dirname "$0")/.."
 usage="usage: scripts/fuzz.sh BUILD_DIR [SECONDS [RUNS [TARGET...]]]"
 build=${1:?$usage}

@@ -42,6 +42,7 @@ packages=(
   clang
   libclang-rt-14-dev
   gdb
+  ccache
   chromium
 )
 

@@ -2,8 +2,9 @@
 //
 // Mutexes whose use the compiler checks. A member that a mutex guards says so
 // (LARDER_GUARDED_BY(mu_)), a function that needs a lock held says so (LARDER_REQUIRES(mu_)), and
-// clang's -Wthread-safety (scripts/thread_safety.sh, part of `make test`) refuses code that reads
-// or writes a guarded member without its lock. gcc ignores the annotations.
+// every clang build of our code (the checked build of `make test` among them) compiles with
+// -Wthread-safety -Werror, which refuses code that reads or writes a guarded member without its
+// lock. gcc ignores the annotations.
 //
 // Mutex and SharedMutex are std::mutex and std::shared_mutex with the annotations the standard
 // library lacks; MutexLock, ReaderLock and WriterLock hold them for a scope (MutexLock may let go

@@ -328,7 +328,7 @@ TEST_F(HostileTest, StalledAndFloodingPeersDoNotBlockOthers) {
   ASSERT_TRUE(stalled.SendBytes(Header(kFrameMagic, 1, 0).substr(0, 10)).ok());
   std::vector<std::thread> floods;
   for (int t = 0; t < 4; ++t) {
-    floods.emplace_back([this, t] {
+    floods.emplace_back([t] {
       std::mt19937_64 rng(t);
       for (int round = 0; round < 25; ++round) {
         auto peer = RawPeer::Connect(suite_.daemon().socket);

@@ -1,9 +1,10 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// `larder-bench soak` for two minutes: a master and four store clients under mixed load, with
+// `larder-bench soak` for 75 seconds: a master and four store clients under mixed load, with
 // every fault of the schedule injected (a client killed and restarted, the master killed and
-// restarted on its port, the master paused past the clients' TTL, a client stalled). No value
-// may come back wrong, and no error may happen outside a fault and its grace period.
+// restarted on its port, the master paused past the clients' TTL, a client stalled): one every
+// 12 s after 15 s of warm-up, so each kind once, the first kind again, and the last one's grace.
+// No value may come back wrong, and no error may happen outside a fault and its grace period.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -24,11 +25,10 @@ std::string Bin(const std::string& name) {
   return std::string(dir != nullptr ? dir : ".") + "/" + name;
 }
 
-TEST(SoakTest, TwoMinutesOfFaultsLeaveNoWrongBytesAndNoUnexpectedErrors) {
+TEST(SoakTest, FaultsOfEveryKindLeaveNoWrongBytesAndNoUnexpectedErrors) {
   const std::string log_path = ::testing::TempDir() + "/soak.log";
-  const std::string command = Bin("larder-bench") +
-                              " soak --duration 120 --warmup 15 --fault-every 12 --json 2>" +
-                              log_path;
+  const std::string command =
+      Bin("larder-bench") + " soak --duration 75 --warmup 15 --fault-every 12 --json 2>" + log_path;
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr) << command;
   std::string out;
@@ -45,7 +45,7 @@ TEST(SoakTest, TwoMinutesOfFaultsLeaveNoWrongBytesAndNoUnexpectedErrors) {
   const json s = json::parse(out.substr(out.rfind('\n') + 1), nullptr, false);
   ASSERT_TRUE(s.is_object()) << "stdout: " << out << "\nstderr:\n" << log;
 
-  EXPECT_GE(s["duration_s"].get<double>(), 120.0);
+  EXPECT_GE(s["duration_s"].get<double>(), 75.0);
   EXPECT_EQ(s["wrong_bytes"].get<uint64_t>(), 0u) << s["first_unexpected"].dump();
   EXPECT_EQ(s["wrong_keys"].get<uint64_t>(), 0u);
   EXPECT_EQ(s["unexpected_errors"].get<uint64_t>(), 0u) << s["errors_by_class"].dump() << "\n"

@@ -16,10 +16,9 @@ LARDER_BUILD_DIR=$build "$python" -m pip install --no-build-isolation --no-deps 
   --disable-pip-version-check --target "$work/site" "$source_dir" >"$work/pip.log" 2>&1 ||
   { cat "$work/pip.log"; echo "pip_test: FAILED: pip install" >&2; exit 1; }
 
-# An extension built with the sanitizers needs their runtimes loaded first.
-if grep -q '^LARDER_SANITIZE:BOOL=ON' "$build/CMakeCache.txt"; then
-  LD_PRELOAD="$(g++ -print-file-name=libasan.so):$(g++ -print-file-name=libubsan.so)"
-  export LD_PRELOAD ASAN_OPTIONS=detect_leaks=0
+# An extension built with the sanitizers needs their runtimes loaded first (ctest names them).
+if [ -n "${LARDER_SANITIZER_RUNTIMES:-}" ]; then
+  export LD_PRELOAD=$LARDER_SANITIZER_RUNTIMES ASAN_OPTIONS=detect_leaks=0
 fi
 cd "$work"
 PYTHONPATH=$work/site PYTHONDONTWRITEBYTECODE=1 "$python" - "$work/site" "$version" <<'PY'
