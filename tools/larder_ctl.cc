@@ -67,8 +67,14 @@ std::string Fixed(double value, int digits) {
 // A key as a terminal can show it: bytes that are not printable ASCII, and '\', as \xNN (a
 // tenant's key shows as \x00tenant\x00key), as the master's /get_all_keys writes them.
 std::string Printable(const std::string& key) {
+  // A key may be up to the master's --max-key-size (kilobytes): messages show its start.
+  constexpr size_t kShown = 96;
   std::string out;
   for (unsigned char c : key) {
+    if (out.size() >= kShown) {
+      out += "... (" + std::to_string(key.size()) + " bytes)";
+      break;
+    }
     if (c >= 0x20 && c < 0x7f && c != '\\') {
       out += static_cast<char>(c);
     } else {

@@ -12,6 +12,7 @@ channels. Each worker reports a dict on its result queue: facts to check, or {"e
 import contextlib
 import ctypes
 import struct
+import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
@@ -161,11 +162,13 @@ class _SGLangSender:
         self.failed_sessions: set = set()
         self.transfer_calls = 0
         self.descriptors = 0
+        self.counted = threading.Lock()  # the pool's threads count concurrently
 
     def _transfer_data(self, session, blocks) -> int:
         srcs, dsts, lens = zip(*blocks)
-        self.transfer_calls += 1
-        self.descriptors += len(blocks)
+        with self.counted:
+            self.transfer_calls += 1
+            self.descriptors += len(blocks)
         try:
             return self.engine.batch_transfer_sync_write(session, list(srcs), list(dsts),
                                                          list(lens))

@@ -269,6 +269,12 @@ def test_exist_size_remove(fresh_master, prefix):
     assert store.exist(prefix + "a") is True
     assert store.exist(prefix + "b") is False
     assert store.batch_exist([prefix + "a", prefix + "b"]) == [True, False]
+    # A key the master cannot hold (over --max-key-size, 4096) is an error, not an absent key.
+    oversize = prefix + "k" * 5000
+    with pytest.raises(larder.InvalidArgumentError):
+        store.exist(oversize)
+    absent, error = store.batch_exist([prefix + "b", oversize])
+    assert absent is False and isinstance(error, larder.InvalidArgumentError)
     assert store.get_size(prefix + "a") == 5
     with pytest.raises(larder.NotFoundError):
         store.get_size(prefix + "b")

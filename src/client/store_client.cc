@@ -333,6 +333,13 @@ class StoreClientImpl final : public StoreClient {
         results.emplace_back(status);
       }
     }
+    if (!status.ok()) return results;
+    // A key the master could not ask about (oversize, say) is an error, not an absent key.
+    for (const proto::KeyError& error : reply.errors()) {
+      if (error.index() >= keys.size()) continue;  // a malformed reply names no key of ours
+      Status item = client::FromItemStatus(error.status());
+      results[error.index()] = item.ok() ? InternalError("larder-master sent an OK error") : item;
+    }
     return results;
   }
 

@@ -19,6 +19,7 @@
 #include "common/test_certs.h"
 #include "master.grpc.pb.h"
 #include "master/master_server.h"
+#include "master/own_descriptor.h"
 
 namespace larder::master {
 namespace {
@@ -71,7 +72,7 @@ void MountAndPut(const MasterClient& rpc, const std::string& client, const std::
   info->set_name(segment);
   info->set_base(0x100000);
   info->set_size(64 << 20);
-  info->set_descriptor_json("{}");
+  info->set_descriptor_json(OwnDescriptor(client, "host", segment, 64 << 20));
   ASSERT_TRUE(rpc.Call("MountSegments", &Stub::MountSegments, mount, &mounted).ok());
   ASSERT_EQ(mounted.status(0).code(), 0) << mounted.status(0).message();
   proto::BatchPutStartRequest start;
@@ -249,6 +250,61 @@ TEST(MasterAuthTest, ASessionActsForItsOwnClientOnly) {
   status = victim.Call("Heartbeat", &Stub::Heartbeat, beat, &beat_reply);
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_FALSE(beat_reply.remount_required());
+}
+
+// A token holder reads the victim's descriptor and mounts it as a segment of its own: every put
+// placed there would land in the victim's memory. Refused, as are descriptors that are not one.
+TEST(MasterAuthTest, AClientMountsOnlyItsOwnSegments) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient victim = Client(*server, "victim", kToken);
+  MountAndPut(victim, "victim", "victim-seg", Keys("page/", 10));
+  MasterClient rogue = Client(*server, "rogue", kToken);
+  proto::ListSegmentsRequest list;
+  proto::ListSegmentsReply listed;
+  ASSERT_TRUE(rogue.Call("ListSegments", &Stub::ListSegments, list, &listed).ok());
+  ASSERT_EQ(listed.segments_size(), 1);
+  const proto::SegmentInfo& stolen = listed.segments(0);
+  auto mount = [&](const std::string& name, uint64_t size, const std::string& descriptor) {
+    proto::MountSegmentsRequest request;
+    proto::MountSegmentsReply reply;
+    request.set_client_id("rogue");
+    request.set_host_id("host");
+    proto::SegmentInfo* info = request.add_segments();
+    info->set_name(name);
+    info->set_base(0x100000);
+    info->set_size(size);
+    info->set_descriptor_json(descriptor);
+    Status status = rogue.Call("MountSegments", &Stub::MountSegments, request, &reply);
+    if (!status.ok()) return status;
+    EXPECT_EQ(reply.status_size(), 1);
+    return Status(static_cast<StatusCode>(reply.status(0).code()), reply.status(0).message());
+  };
+  // The victim's descriptor, under a new name and under its own.
+  Status status = mount("alias", stolen.size(), stolen.descriptor_json());
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  EXPECT_NE(status.message().find("a client mounts only its own segments"), std::string::npos)
+      << status;
+  status = mount("victim-seg", stolen.size(), stolen.descriptor_json());
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  // Not a descriptor at all, or one of another segment, size or host.
+  for (const std::string junk : {"not json", "{}", "[]", ""}) {
+    status = mount("junk", 1 << 20, junk);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << junk << ": " << status;
+  }
+  status = mount("mine", 1ull << 45, OwnDescriptor("rogue", "host", "mine", 1 << 20));
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  status = mount("mine", 1 << 20, OwnDescriptor("rogue", "host", "other", 1 << 20));
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  status = mount("mine", 1 << 20, OwnDescriptor("rogue", "elsewhere", "mine", 1 << 20));
+  EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
+  EXPECT_EQ(server->state().Stats().segments, 1u);
+  // Puts go to the victim's segment only; its objects are all there.
+  EXPECT_EQ(server->state().Stats().objects, 10u);
+  // Its own descriptor mounts.
+  status = mount("mine", 1 << 20, OwnDescriptor("rogue", "host", "mine", 1 << 20));
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(server->state().Stats().segments, 2u);
 }
 
 TEST(MasterAuthTest, RemoveAllNeedsTheAdminToken) {
@@ -624,6 +680,8 @@ TEST_F(MasterEdgeTest, OversizeKeysAreRefusedOnEveryCallAndQuotedShort) {
   ASSERT_TRUE(rpc_->Call("BatchExist", &Stub::BatchExist, request, &exists).ok());
   ASSERT_EQ(exists.exists_size(), 20);
   for (bool e : exists.exists()) EXPECT_FALSE(e);
+  check_errors(exists.errors(), "exist");  // an error, not an absent key
+  total_reply_bytes += exists.ByteSizeLong();
   EXPECT_LT(total_reply_bytes, 16u * 1024);  // 20 MiB of keys asked, a few KiB answered
   EXPECT_EQ(server_->state().Stats().objects, 1u);
 }
@@ -763,6 +821,7 @@ TEST_F(MasterEdgeTest, SegmentSizesCannotWrapTheCapacity) {
     info->set_name("giant-" + std::to_string(i));
     info->set_base(static_cast<uint64_t>(i) << 63);
     info->set_size(1ULL << 63);
+    info->set_descriptor_json(OwnDescriptor("c2", "", info->name(), info->size()));
   }
   ASSERT_TRUE(rpc_->Call("MountSegments", &Stub::MountSegments, mount, &mounted).ok());
   ASSERT_EQ(mounted.status_size(), 2);

@@ -16,6 +16,7 @@
 #include "common/net.h"
 #include "etcd/etcd_client.h"
 #include "master/http_endpoint.h"
+#include "master/http_server.h"
 #include "master/leader_election.h"
 #include "master/service.h"
 #include "master/status_history.h"
@@ -121,7 +122,7 @@ struct MasterServer::Impl {
   std::unique_ptr<proto::Master::Service> service;
   std::unique_ptr<grpc::Server> grpc_server;
   int port = 0;
-  std::unique_ptr<httplib::Server> http;
+  std::unique_ptr<GuardedHttpServer> http;
   std::thread http_thread;
   std::atomic<bool> http_done{false};  // listen_after_bind returned
   int http_port = -1;
@@ -214,7 +215,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
   }
 
   if (options.http_port >= 0) {
-    impl->http = std::make_unique<httplib::Server>();
+    impl->http = std::make_unique<GuardedHttpServer>();
     Impl* raw = impl.get();
     InstallHttpRoutes(
         *impl->http, *impl->state, HttpAuth{impl->sessions->enabled(), options.auth.admin_token},
@@ -225,10 +226,10 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
         },
         &impl->history);
     if (options.http_port == 0) {
-      impl->http_port = impl->http->bind_to_any_port(options.listen_host);
+      impl->http_port = impl->http->BindToAnyPort(options.listen_host);
     } else {
       impl->http_port =
-          impl->http->bind_to_port(options.listen_host, options.http_port) ? options.http_port : -1;
+          impl->http->Bind(options.listen_host, options.http_port) ? options.http_port : -1;
     }
     if (impl->http_port <= 0) {
       impl->grpc_server->Shutdown();

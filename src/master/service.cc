@@ -5,6 +5,7 @@
 #include "common/error_detail_wire.h"
 #include "common/logging.h"
 #include "common/proto_mac.h"
+#include "larder/transfer_engine.h"
 
 namespace larder::master {
 namespace {
@@ -53,6 +54,44 @@ SegmentMount ToMount(const proto::SegmentInfo& segment) {
   }
   mount.catalog_incarnation = segment.catalog_incarnation();
   return mount;
+}
+
+// A segment belongs to the client that mounts it: its descriptor must be the one that client's
+// engine published for this segment. Otherwise a token holder could mount another client's
+// descriptor under a name of its own, and every put placed there would be written into that
+// client's memory over its objects.
+Status CheckOwnSegment(const proto::MountSegmentsRequest& request,
+                       const proto::SegmentInfo& segment) {
+  const std::string& json = segment.descriptor_json();
+  // SegmentTable::Mount refuses an oversize descriptor, saying so, before reading it.
+  if (json.size() > kMaxDescriptorBytes) return Status::Ok();
+  const std::string name = QuoteKey(segment.name());
+  auto descriptor = SegmentDescriptor::FromJson(json);
+  if (!descriptor.ok()) {
+    return InvalidArgumentError("descriptor of segment " + name +
+                                " is not a segment descriptor: " + descriptor.status().message());
+  }
+  if (descriptor->engine_id != request.client_id()) {
+    return PermissionDeniedError("descriptor of segment " + name + " is engine " +
+                                 QuoteKey(descriptor->engine_id) + "'s, not the mounting client " +
+                                 QuoteKey(request.client_id()) +
+                                 "'s: a client mounts only its own segments");
+  }
+  if (descriptor->host_id != request.host_id()) {
+    return PermissionDeniedError("descriptor of segment " + name + " is on host " +
+                                 QuoteKey(descriptor->host_id) + ", not the mounting client's " +
+                                 QuoteKey(request.host_id()));
+  }
+  if (descriptor->name != segment.name()) {
+    return InvalidArgumentError("descriptor of segment " + name + " describes segment " +
+                                QuoteKey(descriptor->name));
+  }
+  if (descriptor->size != segment.size()) {
+    return InvalidArgumentError("descriptor of segment " + name + " says " +
+                                std::to_string(descriptor->size) + " bytes, the mount " +
+                                std::to_string(segment.size()));
+  }
+  return Status::Ok();
 }
 
 void FillCatalogChanges(const SegmentCatalogChanges& changes, proto::SegmentCatalogChanges* out) {
@@ -214,14 +253,27 @@ class MasterService final : public proto::Master::Service {
                                          " segments in one mount; at most " +
                                          std::to_string(kMaxSegmentsPerMount)));
     }
+    // Segments that are not the caller's own are refused here; the others mount.
+    std::vector<Status> checks;
     std::vector<SegmentMount> mounts;
-    mounts.reserve(static_cast<size_t>(request->segments_size()));
+    checks.reserve(static_cast<size_t>(request->segments_size()));
     for (const proto::SegmentInfo& segment : request->segments()) {
-      mounts.push_back(ToMount(segment));
+      checks.push_back(CheckOwnSegment(*request, segment));
+      if (checks.back().ok()) {
+        mounts.push_back(ToMount(segment));
+      } else {
+        Log().warn("client {} mounts a segment that is not its own: {}",
+                   request->client_id().substr(0, 64), checks.back().message());
+      }
     }
     MountCaller caller{request->client_id(), request->host_id(), request->pid(),
                        request->take_over_pid()};
-    for (const MountOutcome& outcome : state_->MountSegments(caller, mounts)) {
+    std::vector<MountOutcome> outcomes = state_->MountSegments(caller, mounts);
+    size_t next = 0;
+    for (const Status& check : checks) {
+      MountOutcome refused;
+      refused.status = check;
+      const MountOutcome& outcome = check.ok() ? outcomes[next++] : refused;
       SetStatus(reply->add_status(), outcome.status);
       reply->add_segment_id(outcome.status.ok() ? outcome.segment_id : 0);
       proto::CatalogRecovery* recovery = reply->add_recovery();
@@ -425,7 +477,15 @@ class MasterService final : public proto::Master::Service {
     auto results = state_->BatchExist(request->client_id(), Keys(*request));
     if (!results.ok()) return ToGrpc(results.status());
     reply->mutable_exists()->Reserve(static_cast<int>(results->size()));
-    for (const Status& status : *results) reply->add_exists(status.ok());
+    for (size_t i = 0; i < results->size(); ++i) {
+      const Status& status = (*results)[i];
+      reply->add_exists(status.ok());
+      if (!status.ok() && status.code() != StatusCode::kNotFound) {
+        proto::KeyError* error = reply->add_errors();
+        error->set_index(static_cast<uint32_t>(i));
+        SetStatus(error->mutable_status(), status);
+      }
+    }
     return grpc::Status::OK;
   }
 

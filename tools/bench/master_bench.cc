@@ -22,6 +22,7 @@
 #include "client/master_client.h"
 #include "common/net.h"
 #include "master/master_state.h"
+#include "master/own_descriptor.h"
 
 namespace larder::bench {
 namespace {
@@ -91,7 +92,8 @@ Result<Master> StartMaster(bool auth) {
   segment->set_name("unbacked");
   segment->set_base(1ull << 40);
   segment->set_size(1ull << 46);  // 64 TiB of address arithmetic
-  segment->set_descriptor_json("{}");
+  segment->set_descriptor_json(
+      master::OwnDescriptor(master.client_id, "bench", "unbacked", segment->size()));
   LARDER_RETURN_IF_ERROR(master.client->Call("MountSegments", &Stub::MountSegments, mount, &reply));
   LARDER_RETURN_IF_ERROR(client::FromItemStatus(reply.status(0)));
   return master;

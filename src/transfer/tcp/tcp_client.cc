@@ -26,9 +26,10 @@ Status NotSentInTime(const std::string& peer) {
 
 }  // namespace
 
-TcpPeer::TcpPeer(HostPort address, std::shared_ptr<const TcpClientConfig> config,
-                 size_t connections)
+TcpPeer::TcpPeer(HostPort address, std::string engine_id,
+                 std::shared_ptr<const TcpClientConfig> config, size_t connections)
     : address_(std::move(address)),
+      engine_id_(std::move(engine_id)),
       config_(std::move(config)),
       name_(address_.ToString()),
       connections_(std::max<size_t>(1, connections)) {}
@@ -125,7 +126,7 @@ void TcpPeer::RunJobs(TcpStream* conn, std::vector<Job>& jobs) {
     if (Status s = CheckBackoff(); !s.ok()) return fail_from(0, s);
     Deadline deadline = Clock::now() + kConnectTimeout;
     for (const Job& j : jobs) deadline = std::min(deadline, j.slice->deadline);
-    auto connected = ConnectAndAuthenticate(address_, *config_, deadline);
+    auto connected = ConnectAndAuthenticate(address_, *config_, deadline, engine_id_);
     if (!connected.ok()) {
       RecordFailure(connected.status());
       return fail_from(0, connected.status());

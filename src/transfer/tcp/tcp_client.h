@@ -27,8 +27,10 @@ using wire::TcpStream;
 // with Unavailable instead of hammering it. Thread-safe.
 class TcpPeer {
  public:
-  // REQUIRES: config is not null.
-  TcpPeer(HostPort address, std::shared_ptr<const TcpClientConfig> config, size_t connections);
+  // REQUIRES: config is not null. `engine_id`: the engine the server must prove to be (with a
+  // token; see ConnectAndAuthenticate).
+  TcpPeer(HostPort address, std::string engine_id, std::shared_ptr<const TcpClientConfig> config,
+          size_t connections);
   ~TcpPeer();
 
   const std::string& name() const { return name_; }
@@ -52,6 +54,7 @@ class TcpPeer {
   void RecordSuccess();
 
   const HostPort address_;
+  const std::string engine_id_;
   const std::shared_ptr<const TcpClientConfig> config_;
   const std::string name_;
   const size_t connections_;

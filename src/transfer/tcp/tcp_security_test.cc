@@ -376,6 +376,32 @@ TEST_F(TcpSecurityTest, CorrectTokenPairReadsWritesAndDescribes) {
   EXPECT_TRUE(RoundTrip(client.get(), owner, 4096, 1 << 20));
 }
 
+// A descriptor that names one engine but leads to another's data server (another owner's
+// descriptor copied and relabelled, or an endpoint that now belongs to someone else): the server
+// proves the token, but as the other engine, and serves nothing of the segment.
+TEST_F(TcpSecurityTest, AServerOfAnotherEngineThanTheDescriptorsServesNothing) {
+  Owner a = StartOwner(Options("secret"));
+  Owner b = StartOwner(Options("secret"));
+  ASSERT_TRUE(a.engine && b.engine);
+  auto client = Engine(Options("secret"));
+  ASSERT_TRUE(client);
+  SegmentDescriptor relabelled = a.descriptor();
+  relabelled.engine_id = b.engine->id();
+  SegmentDescriptor redirected = PointedAt(b.descriptor(), *a.descriptor().TransportBlob("tcp"));
+  for (const SegmentDescriptor& d : {relabelled, redirected}) {
+    std::vector<uint8_t> junk(4096, 0xEE), read(4096);
+    EXPECT_TRUE(IsPermissionDenied(Transfer(client.get(), d, TransferOp::kWrite, junk.data(), 4096),
+                                   "that the segment's descriptor names as its owner"));
+    EXPECT_TRUE(IsPermissionDenied(Transfer(client.get(), d, TransferOp::kRead, read.data(), 4096),
+                                   "that the segment's descriptor names as its owner"));
+  }
+  EXPECT_TRUE(a.Unchanged());
+  EXPECT_TRUE(b.Unchanged());
+  // Each owner's own descriptor works, from the same client.
+  EXPECT_TRUE(RoundTrip(client.get(), a, 0, 64 << 10));
+  EXPECT_TRUE(RoundTrip(client.get(), b, 0, 64 << 10));
+}
+
 TEST_F(TcpSecurityTest, TokenHoldingClientRefusesAServerThatProvesNoToken) {
   for (bool fake_proof : {false, true}) {
     SCOPED_TRACE(fake_proof ? "rogue answers with a made-up proof" : "rogue asks for no proof");

@@ -148,12 +148,21 @@ class TcpTransport final : public Transport {
                                      "' is device memory, which tcp cannot reach");
     }
     LARDER_ASSIGN_OR_RETURN(HostPort address, EndpointOf(descriptor));
-    std::string key = address.ToString();
+    // One pool per endpoint and owner: its connections reach only a server that proves to be
+    // the engine the descriptor names.
+    const std::string endpoint = address.ToString() + '/';
+    std::string key = endpoint + descriptor.engine_id;
     MutexLock lock(mu_);
     auto& peer = peers_[key];
     if (!peer) {
-      peer = std::make_shared<tcp::TcpPeer>(address, client_config_,
+      peer = std::make_shared<tcp::TcpPeer>(address, descriptor.engine_id, client_config_,
                                             context_.options->tcp_connections_per_peer);
+      // The pools of earlier engines at this endpoint (a restarted owner) go with the last
+      // segment that still uses them.
+      for (auto it = peers_.lower_bound(endpoint);
+           it != peers_.end() && it->first.starts_with(endpoint);) {
+        it = it->first == key ? std::next(it) : peers_.erase(it);
+      }
     }
     return std::make_shared<TcpSegment>(descriptor, peer);
   }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -21,6 +22,13 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testutil::FillPattern;
+
+// UCX publishes an address for every network interface it sees when a worker starts. Other tests
+// of the suite create and delete veth interfaces (network namespaces) meanwhile, so an address
+// published a moment ago may be gone when the peer dials it: these tests keep UCX's network lanes
+// on loopback, as an operator keeps them on the NICs meant for data (UCX_NET_DEVICES), unless the
+// environment already chooses. Processes spawned by the tests inherit it.
+const bool kUcxOnLoopback = [] { return setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0) == 0; }();
 
 const RouteKind kUcx("ucx");
 constexpr uint64_t kSegmentBytes = 128ull << 20;

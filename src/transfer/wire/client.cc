@@ -22,7 +22,7 @@ Result<std::string> RecvAuthPayload(TcpStream& stream, const FrameHeader& h, Dea
 
 // The mutual proof on a connection whose hello asked for one (frame.h, step 3).
 Status ProveToken(TcpStream& stream, const TcpClientConfig& config, const std::string& hello,
-                  const std::string& dialed, Deadline deadline) {
+                  const std::string& dialed, std::string_view engine_id, Deadline deadline) {
   const std::string& peer = stream.peer();
   TcpAuthBinding binding;
   if (Status s = DecodeHello(hello, &binding.server_nonce, &binding.server_engine_id); !s.ok()) {
@@ -65,6 +65,14 @@ Status ProveToken(TcpStream& stream, const TcpClientConfig& config, const std::s
     return PermissionDeniedError("peer " + peer + " (claiming engine " + binding.server_engine_id +
                                  ") failed to prove the cluster token: wrong token, or not the "
                                  "engine this connection reached");
+  }
+  // The server proved the token as the engine it named: a server of another engine than the
+  // segment's owner (a descriptor copied under another owner's name, or a relay answering for
+  // another engine) serves nothing of that segment.
+  if (!engine_id.empty() && binding.server_engine_id != engine_id) {
+    return PermissionDeniedError("peer " + peer + " is engine " + binding.server_engine_id +
+                                 ", not engine " + std::string(engine_id) +
+                                 " that the segment's descriptor names as its owner");
   }
   return Status();
 }
@@ -121,7 +129,7 @@ Result<std::shared_ptr<const TcpClientConfig>> TcpClientConfig::FromContext(
 }
 
 Result<TcpStream> ConnectAndAuthenticate(const HostPort& address, const TcpClientConfig& config,
-                                         Deadline deadline) {
+                                         Deadline deadline, std::string_view engine_id) {
   std::string peer = address.ToString();
   auto conn = TcpConnect(address, deadline);
   if (!conn.ok()) {
@@ -159,7 +167,7 @@ Result<TcpStream> ConnectAndAuthenticate(const HostPort& address, const TcpClien
                                  "configured: LARDER_TLS_CA / tls_ca_file)");
   }
   if (need_auth) {
-    LARDER_RETURN_IF_ERROR(ProveToken(stream, config, payload, dialed, deadline));
+    LARDER_RETURN_IF_ERROR(ProveToken(stream, config, payload, dialed, engine_id, deadline));
   } else if (!config.token.empty()) {
     // A server without the token could be anyone: it would capture our writes and answer our
     // reads with bytes of its choosing.

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/net.h"
 #include "transfer/transport.h"
@@ -32,8 +33,11 @@ struct TcpClientConfig {
 // Unavailable when unreachable; PermissionDenied when either side lacks the other's requirement
 // (a token, TLS), when the server refuses our proof, when the server fails to prove the token,
 // or when its certificate does not verify; DataLoss for a malformed hello or reply.
+// `engine_id` (with a token): the engine the server must be, as the descriptor of the segment
+// to reach names it (the master checked that it is the mounting client's); PermissionDenied for a
+// server that proves the token as another engine. Empty: any engine (descriptor queries).
 Result<TcpStream> ConnectAndAuthenticate(const HostPort& address, const TcpClientConfig& config,
-                                         Deadline deadline);
+                                         Deadline deadline, std::string_view engine_id = {});
 
 // Sends header `h` and `len` payload bytes.
 Status SendFrame(TcpStream& stream, const FrameHeader& h, const void* payload, size_t len,
