@@ -101,11 +101,13 @@ class MasterState {
   // overlapping ranges; and every entry of a key that appears twice in the catalog. Each other
   // entry's range is taken in the new segment's allocator, and its key:
   //   - unknown: becomes a complete object with that one replica;
-  //   - complete with the same size, no unexpired lease on it and fewer than kMaxReplicas
-  //     replicas: gets the replica added (its pins and LRU position stay);
-  //   - complete with another size: the object is dropped too (its ranges freed, or held until
-  //     its leases end), and the key is refused in every catalog until the recovery window ends;
-  //   - being written, leased or at kMaxReplicas, or refused before in this window: refused.
+  //   - rebuilt from another catalog, with the same size, no unexpired lease on it and fewer than
+  //     kMaxReplicas replicas: gets the replica added (its pins and LRU position stay);
+  //   - rebuilt from another catalog with another size: the object is dropped too (its ranges
+  //     freed, or held until its leases end), and the key is refused in every catalog until the
+  //     recovery window ends;
+  //   - put to this master (complete or being written), leased or at kMaxReplicas, or refused
+  //     before in this window: refused. A claim is never added beside bytes a writer put here.
   // The ranges of refused entries stay free, and the segment's catalog log starts with a REMOVE
   // for each of them, so that the owner forgets them. A restored object keeps its hard pin; its
   // soft pin lasts soft_pin_remaining_ms from now (at most options().max_soft_pin_ttl). Restored
@@ -116,11 +118,12 @@ class MasterState {
   // dropped those objects itself, when it lost the segment); the segment's first SyncCatalog
   // answers reset, so that its owner drops them too.
   //
-  // Recovery window. A mount that brings a catalog of another incarnation opens it, until
-  // client_ttl after this master was constructed, or client_ttl after that mount when that is
-  // past (by then every live client has noticed the new master and mounted again); an open
-  // window is not extended. While it is open, a get (GetMode::kLease) of a key that is not
-  // stored answers Unavailable (see kRebuildingMessage) instead of NotFound.
+  // Recovery window. The first mount that brings a catalog of another incarnation opens it,
+  // until client_ttl after this master was constructed, or client_ttl after that mount when that
+  // is past (by then every live client has noticed the new master and mounted again); it is
+  // neither extended nor opened again. A catalog of another incarnation that comes after it closed
+  // is ignored as one of this incarnation is. While it is open, a get (GetMode::kLease) of a key
+  // that is not stored answers Unavailable (see kRebuildingMessage) instead of NotFound.
   std::vector<MountOutcome> MountSegments(const MountCaller& caller,
                                           std::span<const SegmentMount> segments);
   // As above, for a caller that gives no pid: each segment's id, or its error.
@@ -392,6 +395,8 @@ class MasterState {
   CatalogRecovery RebuildObjects(PoolSegmentId segment, uint32_t slot, PreparedCatalog& prepared);
   // Opens the recovery window (see MountSegments) unless it is open.
   void OpenRecoveryWindow(int64_t now);
+  // The recovery window opened and ended: catalogs of other incarnations are ignored since.
+  bool RecoveryWindowClosed(int64_t now) const;
   // The error of a get that found no object while the recovery window is open.
   static Status RebuildingError(std::string_view key, int64_t left_ns);
   // Logs REMOVE of a complete object leaving the index into each of its replicas' segments, and

@@ -205,13 +205,20 @@ class CatalogTest : public MasterStateTest {
     ASSERT_TRUE(c.status.ok());
     EXPECT_EQ(c.recovery.dropped, 1u);
     EXPECT_EQ(ExistIn(*next, "a", "k").code(), StatusCode::kNotFound);
-    // Once the window is over, the key is an ordinary key again.
+    // Once the window is over, the key is an ordinary key again: a put stores it (and a catalog
+    // that comes now is ignored, whatever it holds).
     Advance(milliseconds(5001));
     next->Heartbeat("a");
     next->RunMaintenance();
     MountOutcome d = MountCatalog(*next, "d", "seg-d", 1 << 20, {Entry("k", 0, 300)});
     ASSERT_TRUE(d.status.ok());
-    EXPECT_EQ(d.recovery.restored, 1u);
+    EXPECT_EQ(d.recovery.restored, 0u);
+    EXPECT_EQ(d.recovery.dropped, 1u);
+    PutStartItem item{"k", 300};
+    std::string_view key = "k";
+    ASSERT_TRUE(next->BatchPutStart("a", std::span(&item, 1), {}).ok());
+    ASSERT_TRUE(next->BatchPutEnd("a", std::span(&key, 1)).ok());
+    EXPECT_TRUE(ExistIn(*next, "a", "k").ok());
   }
 };
 
@@ -693,6 +700,40 @@ TEST_F(CatalogTest, TheSameObjectFromTwoCatalogsHasTwoReplicas) {
   EXPECT_EQ(next->Stats().objects, 1u);
 }
 
+// A put to the new master is the truth about its key: an older claim from a catalog is neither
+// added beside it (same size) nor allowed to drop it (another size).
+TEST_F(CatalogTest, AClaimIsNeverAddedBesideBytesPutToThisMaster) {
+  std::unique_ptr<MasterState> next = Restarted();
+  SegmentMount mount{"seg-w", 0x900000, 1 << 20, "{}"};
+  ASSERT_TRUE(next->MountSegments("w", "host-w", std::span(&mount, 1))[0].ok());
+  PutOptions on_w;
+  on_w.preferred_segments = {"seg-w"};
+  for (std::string_view key : {"same", "other"}) {
+    PutStartItem item{key, 100};
+    ASSERT_TRUE(next->BatchPutStart("w", std::span(&item, 1), on_w).ok());
+    ASSERT_TRUE(next->BatchPutEnd("w", std::span(&key, 1)).ok());
+  }
+  MountOutcome a = MountCatalog(*next, "a", "seg-a", 1 << 20,
+                                {Entry("same", 0, 100), Entry("other", 4096, 200)});
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.recovery.restored, 0u);
+  EXPECT_EQ(a.recovery.dropped, 2u);
+  for (std::string_view key : {"same", "other"}) {
+    GetOutcome got = GetFrom(*next, "w", key, GetMode::kPeek);
+    ASSERT_TRUE(got.status.ok()) << key << ": " << got.status;
+    EXPECT_EQ(got.size, 100u) << key;
+    ASSERT_EQ(got.replicas.size(), 1u) << key;
+    EXPECT_NE(got.replicas[0].segment_id, a.segment_id) << key;
+  }
+  // a's catalog hears that both are not its own.
+  ClientCatalog on_a{a.segment_id};
+  on_a.by_offset[0] = Entry("same", 0, 100);
+  on_a.by_offset[4096] = Entry("other", 4096, 200);
+  Sync(*next, "a", &on_a);
+  EXPECT_FALSE(on_a.Holds("same"));
+  EXPECT_FALSE(on_a.Holds("other"));
+}
+
 TEST_F(CatalogTest, SizeConflictDropsBothSmallerFirst) { CheckSizeConflict(false); }
 TEST_F(CatalogTest, SizeConflictDropsBothLargerFirst) { CheckSizeConflict(true); }
 
@@ -823,11 +864,26 @@ TEST_F(CatalogTest, GetsOfAbsentKeysAskForARetryWhileRebuilding) {
   EXPECT_EQ(GetFrom(*next, "a", "nowhere").status.code(), StatusCode::kUnavailable);
   Advance(milliseconds(1));
   EXPECT_EQ(GetFrom(*next, "a", "nowhere").status.code(), StatusCode::kNotFound);
-  // A catalog that comes later opens a window of client_ttl from then.
+  // The window is not opened again: a catalog that comes after it is ignored (its owner stayed
+  // away longer than every live client needed to come back), and its owner told to drop it.
+  std::unique_ptr<MasterState> standby = Restarted();
   Advance(milliseconds(10000));
   next->Heartbeat("a");
-  ASSERT_TRUE(MountCatalog(*next, "c", "seg-c", 1 << 20, {Entry("late", 0, 100)}).status.ok());
-  missing = GetFrom(*next, "a", "nowhere");
+  MountOutcome late = MountCatalog(*next, "c", "seg-c", 1 << 20, {Entry("late", 0, 100)});
+  ASSERT_TRUE(late.status.ok()) << late.status;
+  EXPECT_EQ(late.recovery.restored, 0u);
+  EXPECT_EQ(late.recovery.dropped, 1u);
+  EXPECT_EQ(GetFrom(*next, "a", "late").status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(GetFrom(*next, "a", "nowhere").status.code(), StatusCode::kNotFound);
+  ClientCatalog on_c{late.segment_id};
+  on_c.by_offset[0] = Entry("late", 0, 100);
+  Sync(*next, "c", &on_c);
+  EXPECT_EQ(on_c.resets, 1);
+  EXPECT_FALSE(on_c.Holds("late"));
+  // A master whose first catalog comes long after its start (a standby elected late) opens its
+  // window of client_ttl from then.
+  ASSERT_TRUE(MountCatalog(*standby, "c", "seg-c", 1 << 20, {Entry("late", 0, 100)}).status.ok());
+  missing = GetFrom(*standby, "c", "nowhere");
   EXPECT_EQ(missing.status.code(), StatusCode::kUnavailable);
   EXPECT_NE(missing.status.message().find("until 5000 ms from now"), std::string::npos)
       << missing.status;

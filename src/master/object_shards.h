@@ -88,6 +88,9 @@ struct Object {
   uint16_t replica_count = 0;
   ObjectState state = ObjectState::kProcessing;
   bool pinned = false;
+  // Rebuilt from an owner's catalog, not put to this master: another catalog may add a replica
+  // beside it, never beside an object whose bytes a writer put here (see RebuildObjects).
+  bool restored = false;
   ObjectList list = ObjectList::kNone;
 
   static constexpr uint32_t kRetired = 1u << 31;

@@ -163,15 +163,21 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
   }
   const bool has_catalog = !mount.catalog.empty();
   const bool own_catalog = has_catalog && mount.catalog_incarnation == incarnation_;
+  // A catalog of another incarnation is rebuilt only in this master's recovery window, which the
+  // first one opens. One that comes after the window closed is from a client that stayed away
+  // longer than every live client needed to come back (its objects would now shadow what was put
+  // since), or a claim made when nothing is being rebuilt: ignored like a catalog of this master.
+  const bool late_catalog = has_catalog && !own_catalog && RecoveryWindowClosed(Now());
+  const bool ignored_catalog = own_catalog || late_catalog;
   PreparedCatalog prepared;
-  if (has_catalog && !own_catalog) prepared = PrepareCatalog(mount);
+  if (has_catalog && !ignored_catalog) prepared = PrepareCatalog(mount);
   MountPreparation preparation;
   preparation.reserve = prepared.ranges;
   preparation.reserved = &prepared.reserved;
   // The log exists before any put can place a replica in the segment, and starts with the
   // REMOVEs of the entries refused so far, before any ADD that may reuse their ranges.
   preparation.on_mount = [&](PoolSegmentId id) {
-    feed_.AddSegment(id, own_catalog, has_catalog);
+    feed_.AddSegment(id, ignored_catalog, has_catalog);
     for (uint32_t i : prepared.refused) feed_.Append(id, RemovalOf(mount.catalog[i]));
     for (size_t k = 0; k < prepared.reserved.size(); ++k) {
       if (!prepared.reserved[k].has_value()) {
@@ -190,7 +196,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
     MutexLock lock(clients_mu_);
     claims_.erase(mount.name);
   }
-  if (own_catalog) {
+  if (ignored_catalog) {
     outcome.recovery.dropped = mount.catalog.size();
     counters_.catalog_entries_dropped.fetch_add(mount.catalog.size(), std::memory_order_relaxed);
   } else if (has_catalog) {
@@ -205,7 +211,10 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
         "segment '{}' ({}) mounted by {}: {} object(s) restored, {} catalog entries "
         "dropped{}",
         mount.name, FormatByteSize(mount.size), caller.client_id, outcome.recovery.restored,
-        outcome.recovery.dropped, own_catalog ? " (a catalog of this master)" : "");
+        outcome.recovery.dropped,
+        own_catalog    ? " (a catalog of this master)"
+        : late_catalog ? " (a catalog that came after the recovery window)"
+                       : "");
   }
   return outcome;
 }
@@ -328,6 +337,7 @@ CatalogRecovery MasterState::RebuildObjects(PoolSegmentId segment, uint32_t slot
           Object* object = shard.Insert(ref, std::span(&replica, 1));
           object->size = entry.size;
           object->state = ObjectState::kComplete;
+          object->restored = true;
           object->lease_until = 0;
           object->writer = slot;
           object->pinned = entry.pinned;
@@ -347,8 +357,10 @@ CatalogRecovery MasterState::RebuildObjects(PoolSegmentId segment, uint32_t slot
           ++recovery.restored;
           continue;
         }
-        if (known->state != ObjectState::kComplete) {
-          refuse();  // a new put of the key is being written: it wins
+        if (known->state != ObjectState::kComplete || !known->restored) {
+          // A put to this master wrote the key (or is writing it): its bytes are the truth, and
+          // an older claim is neither added beside them nor put in their place.
+          refuse();
           continue;
         }
         if (known->size != entry.size) {
@@ -388,9 +400,14 @@ CatalogRecovery MasterState::RebuildObjects(PoolSegmentId segment, uint32_t slot
   return recovery;
 }
 
+bool MasterState::RecoveryWindowClosed(int64_t now) const {
+  const int64_t until = rebuilding_until_.load();
+  return until != 0 && now >= until;
+}
+
 void MasterState::OpenRecoveryWindow(int64_t now) {
   MutexLock lock(recovery_mu_);
-  if (now < rebuilding_until_.load()) return;
+  if (rebuilding_until_.load() != 0) return;  // once per master: see MountOne
   const int64_t ttl = ToNanos(options_.client_ttl);
   const int64_t until = now < started_ + ttl ? started_ + ttl : now + ttl;
   rebuilding_until_.store(until);
