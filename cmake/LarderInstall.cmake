@@ -93,6 +93,10 @@ if(LARDER_BUILD_TESTS)
     COMMAND ${PROJECT_SOURCE_DIR}/tests/install/install_test.sh ${CMAKE_BINARY_DIR}
             ${PROJECT_SOURCE_DIR}/tests/install/consumer)
   set_tests_properties(install_test PROPERTIES TIMEOUT 900 LABELS install)
+  if(LARDER_SANITIZE)
+    larder_sanitizer_runtimes(runtimes)
+    set_tests_properties(install_test PROPERTIES ENVIRONMENT "LARDER_SANITIZER_RUNTIMES=${runtimes}")
+  endif()
   if(TARGET larder_python)
     add_test(NAME pip_install_test
       COMMAND ${PROJECT_SOURCE_DIR}/tests/install/pip_test.sh ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
@@ -100,7 +104,6 @@ if(LARDER_BUILD_TESTS)
     set_tests_properties(pip_install_test PROPERTIES TIMEOUT 900 LABELS install
       RESOURCE_LOCK pip_build)
     if(LARDER_SANITIZE)
-      larder_sanitizer_runtimes(runtimes)
       set_tests_properties(pip_install_test PROPERTIES
         ENVIRONMENT "LARDER_SANITIZER_RUNTIMES=${runtimes}")
     endif()

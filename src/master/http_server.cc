@@ -83,16 +83,14 @@ struct Scan {
   size_t length = 0;  // kWhole: the request's bytes
 };
 
-Scan ScanRequest(std::string_view bytes, const HttpServerLimits& limits) {
-  size_t end = bytes.find("\r\n\r\n");
-  if (end == std::string_view::npos) {
-    return {bytes.size() > limits.max_header_bytes ? Scan::kHeaderTooLong : Scan::kPartial};
-  }
-  const size_t header_end = end + 4;
-  if (header_end > limits.max_header_bytes) return {Scan::kHeaderTooLong};
+// What the header says of the body: its Content-Length, or that it comes in chunks.
+struct BodyFraming {
   uint64_t content_length = 0;
   bool chunked = false;
-  std::string_view header = bytes.substr(0, end);
+};
+
+BodyFraming ParseFraming(std::string_view header) {
+  BodyFraming framing;
   size_t line_start = header.find("\r\n");  // past the request line
   while (line_start != std::string_view::npos) {
     line_start += 2;
@@ -105,31 +103,65 @@ Scan ScanRequest(std::string_view bytes, const HttpServerLimits& limits) {
       std::string_view name = Trim(line.substr(0, colon));
       std::string_view value = Trim(line.substr(colon + 1));
       if (EqualsIgnoringCase(name, "content-length")) {
-        auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), content_length);
+        auto [ptr, ec] =
+            std::from_chars(value.data(), value.data() + value.size(), framing.content_length);
         // A malformed length is httplib's to refuse (400); it reads no body then.
-        if (ec != std::errc() || ptr != value.data() + value.size()) content_length = 0;
+        if (ec != std::errc() || ptr != value.data() + value.size()) framing.content_length = 0;
       } else if (EqualsIgnoringCase(name, "transfer-encoding")) {
-        chunked = value.find("chunked") != std::string_view::npos;
+        framing.chunked = value.find("chunked") != std::string_view::npos;
       }
     }
     line_start = line_end;
   }
-  if (chunked) {
-    // The last chunk: "0" CRLF and the empty line (trailers are not used by any route).
-    size_t last = bytes.find("0\r\n\r\n", header_end);
-    while (last != std::string_view::npos && last != header_end && bytes[last - 1] != '\n') {
-      last = bytes.find("0\r\n\r\n", last + 1);
-    }
-    if (last != std::string_view::npos) return {Scan::kWhole, last + 5};
-    return {bytes.size() > limits.max_request_bytes ? Scan::kBodyTooLong : Scan::kPartial};
-  }
-  if (content_length > limits.max_request_bytes - std::min(header_end, limits.max_request_bytes)) {
-    return {Scan::kBodyTooLong};
-  }
-  const size_t length = header_end + content_length;
-  if (bytes.size() >= length) return {Scan::kWhole, length};
-  return {Scan::kPartial};
+  return framing;
 }
+
+// Follows one request as its bytes arrive. Each call resumes where the last one stopped (the
+// header's end is searched in the new bytes only, the header parsed once), so a client that
+// sends a byte at a time makes the server do no more than one that sends the request at once.
+class RequestScanner {
+ public:
+  explicit RequestScanner(const HttpServerLimits& limits) : limits_(limits) {}
+
+  // `bytes`: everything received so far (the bytes of the previous call, and more).
+  Scan Next(std::string_view bytes) {
+    if (header_end_ == 0) {
+      const size_t end = bytes.find("\r\n\r\n", searched_);
+      if (end == std::string_view::npos) {
+        searched_ = bytes.size() < 3 ? 0 : bytes.size() - 3;  // the end may start in the last 3
+        return {bytes.size() > limits_.max_header_bytes ? Scan::kHeaderTooLong : Scan::kPartial};
+      }
+      header_end_ = end + 4;
+      if (header_end_ > limits_.max_header_bytes) return {Scan::kHeaderTooLong};
+      framing_ = ParseFraming(bytes.substr(0, end));
+      searched_ = header_end_;
+    }
+    if (framing_.chunked) {
+      // The last chunk: "0" CRLF and the empty line (trailers are not used by any route), at
+      // the body's start or after a line's end.
+      size_t last = bytes.find("0\r\n\r\n", searched_);
+      while (last != std::string_view::npos && last != header_end_ && bytes[last - 1] != '\n') {
+        last = bytes.find("0\r\n\r\n", last + 1);
+      }
+      if (last != std::string_view::npos) return {Scan::kWhole, last + 5};
+      searched_ = std::max(header_end_, bytes.size() < 4 ? 0 : bytes.size() - 4);
+      return {bytes.size() > limits_.max_request_bytes ? Scan::kBodyTooLong : Scan::kPartial};
+    }
+    if (framing_.content_length >
+        limits_.max_request_bytes - std::min(header_end_, limits_.max_request_bytes)) {
+      return {Scan::kBodyTooLong};
+    }
+    const size_t length = header_end_ + framing_.content_length;
+    if (bytes.size() >= length) return {Scan::kWhole, length};
+    return {Scan::kPartial};
+  }
+
+ private:
+  const HttpServerLimits& limits_;
+  size_t searched_ = 0;    // no search needs to look before this
+  size_t header_end_ = 0;  // 0 until the header is whole
+  BodyFraming framing_;
+};
 
 // One request, already read, as the Stream httplib parses; the answer goes to the socket, all of
 // it by the deadline.
@@ -235,6 +267,15 @@ bool GuardedHttpServer::Admit(const std::string& peer, int fd, Connections::iter
   return true;
 }
 
+size_t GuardedHttpServer::waiting() const {
+  MutexLock lock(mu_);
+  size_t n = 0;
+  for (const auto& [peer, connections] : peers_) {
+    for (const Connection& connection : connections) n += connection.waiting ? 1 : 0;
+  }
+  return n;
+}
+
 bool GuardedHttpServer::Pass(Connections::iterator connection) {
   MutexLock lock(mu_);
   connection->waiting = false;
@@ -251,6 +292,7 @@ void GuardedHttpServer::Forget(const std::string& peer, Connections::iterator co
 bool GuardedHttpServer::ReadRequest(int fd, std::string* request) const {
   const Clock::time_point deadline = Clock::now() + limits_.request_deadline;
   std::string bytes;
+  RequestScanner scanner(limits_);
   char chunk[4096];
   while (true) {
     // In steps, so that a stopping server (stop() closes the listening socket) does not wait
@@ -270,7 +312,7 @@ bool GuardedHttpServer::ReadRequest(int fd, std::string* request) const {
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) return false;  // closed (or evicted) before the request was whole
     bytes.append(chunk, static_cast<size_t>(n));
-    Scan scan = ScanRequest(bytes, limits_);
+    Scan scan = scanner.Next(bytes);
     switch (scan.kind) {
       case Scan::kPartial:
         continue;

@@ -56,6 +56,8 @@ class GuardedHttpServer : public httplib::Server {
   // Connections the gate closed unserved: no whole request by the deadline (or too long), or one
   // too many for their peer.
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  // Connections inside the gate now, their request not yet whole.
+  size_t waiting() const;
 
  protected:
   bool process_and_close_socket(socket_t sock) override;
@@ -78,7 +80,7 @@ class GuardedHttpServer : public httplib::Server {
 
   const HttpServerLimits limits_;
   std::atomic<uint64_t> refused_{0};
-  Mutex mu_;
+  mutable Mutex mu_;
   std::unordered_map<std::string, Connections> peers_ LARDER_GUARDED_BY(mu_);
 };
 

@@ -15,6 +15,7 @@
 
 #include "common/net.h"
 #include "master/master_server.h"
+#include "master/master_server_testing.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder::master {
@@ -98,7 +99,8 @@ TEST(GuardedHttpServerTest, ServesWholeRequestsOneAConnection) {
   Send(fd,
        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\n");
   Send(fd, "01234");
-  std::this_thread::sleep_for(50ms);  // a pace: the rest comes later
+  // The rest comes once the gate holds the connection.
+  ASSERT_TRUE(testutil::WaitUntil([&] { return guarded.server().waiting() == 1; }, 10s));
   Send(fd, "56789");
   bool closed = false;
   std::string reply = ReadUntilClosed(fd, 10s, &closed);
@@ -132,11 +134,11 @@ TEST(GuardedHttpServerTest, RequestNotWholeByTheDeadlineIsClosedUnanswered) {
   while (std::chrono::steady_clock::now() < until && sent + 1 < request.size()) {
     if (send(trickle.get(), &request[sent], 1, MSG_NOSIGNAL) != 1) break;
     ++sent;
-    if (ClosedByServer(trickle)) {
+    // The next byte comes 50 ms later, unless the server closes the connection first.
+    if (testutil::WaitUntil([&] { return ClosedByServer(trickle); }, 50ms)) {
       closed = true;
       break;
     }
-    std::this_thread::sleep_for(50ms);  // a pace, not a wait for a condition
   }
   EXPECT_TRUE(closed) << "the trickling connection sent " << sent << " bytes and is still open";
   for (const Fd* fd : {&header, &body}) {
@@ -198,10 +200,7 @@ TEST(GuardedHttpServerTest, OversizeHeaderAndBodyAreRefusedWithTheirStatus) {
 
 // The master's defaults: /health is answered while 64 connections hold half a request each.
 TEST(GuardedHttpServerTest, MasterAnswersHealthWhileSixtyFourConnectionsStall) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<Fd> stalled;

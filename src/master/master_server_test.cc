@@ -2,6 +2,7 @@
 //
 // The master's HTTP endpoint, served by a real MasterServer.
 #include "master/master_server.h"
+#include "master/master_server_testing.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -20,10 +21,7 @@ namespace {
 using namespace std::string_view_literals;
 
 TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
@@ -68,10 +66,7 @@ TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
 }
 
 TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
@@ -123,10 +118,7 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
 
 TEST(MasterServerTest, MooncakeRoutesListSegmentsAndKeysAndQueryReplicas) {
   using namespace std::string_literals;
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
@@ -235,10 +227,7 @@ TEST(MasterServerTest, MooncakeRoutesListSegmentsAndKeysAndQueryReplicas) {
 }
 
 TEST(MasterServerTest, SoftPinnedObjectsAreInTheMetrics) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
@@ -263,10 +252,7 @@ TEST(MasterServerTest, SoftPinnedObjectsAreInTheMetrics) {
 
 // The JSON routes behind the status page, against what the state holds.
 TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   options.status_interval = std::chrono::milliseconds(50);
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
@@ -403,10 +389,7 @@ TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
 
 // The status page is served from the binary and reads the routes above.
 TEST(MasterServerTest, StatusPageIsServedAtTheRoot) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   httplib::Client http("127.0.0.1", (*server)->http_port());
@@ -425,9 +408,7 @@ TEST(MasterServerTest, StatusPageIsServedAtTheRoot) {
 }
 
 TEST(MasterServerTest, TakenPortIsAClearError) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
+  MasterServerOptions options = LoopbackServerOptions();
   options.http_port = -1;
   auto first = MasterServer::Start(options);
   ASSERT_TRUE(first.ok());

@@ -65,11 +65,11 @@ cxx=$(cache CMAKE_CXX_COMPILER)
 flags=""
 if [ "$(cache LARDER_SANITIZE)" = "ON" ]; then
   flags="-fsanitize=address,undefined"
-  # clang's shared ASan runtime, which the libraries were linked with (CMakeLists.txt).
-  if "$cxx" --version | grep -q clang; then
-    runtime=$("$cxx" -print-file-name="libclang_rt.asan-$(uname -m).so")
-    flags="$flags -shared-libasan -Wl,-rpath,$(dirname "$runtime")"
-  fi
+  # clang's shared ASan runtime, which the libraries were linked with (CMakeLists.txt); ctest
+  # names the runtimes (larder_sanitizer_runtimes).
+  case "${LARDER_SANITIZER_RUNTIMES:-}" in
+    *libclang_rt.asan*) flags="$flags -shared-libasan -Wl,-rpath,$(dirname "$LARDER_SANITIZER_RUNTIMES")" ;;
+  esac
 fi
 export ASAN_OPTIONS=detect_leaks=0
 
