@@ -23,6 +23,7 @@ packages=(
   protobuf-compiler-grpc
   libcpp-httplib-dev
   libre2-dev
+  libxxhash-dev
   zlib1g-dev
   libbrotli-dev
   gnuplot-nox

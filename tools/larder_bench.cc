@@ -202,11 +202,6 @@ int main(int argc, char** argv) {
                 "sequential)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
-  p->add_option("--eviction-headroom-ms", replay.eviction_headroom_ms,
-                "eviction headroom of the embedded master in milliseconds (0: none, so that the "
-                "pool stays full as exact LRU's does; -1: the master's default)")
-      ->check(CLI::Range(int64_t{-1}, int64_t{3600000}))
-      ->capture_default_str();
   p->add_flag("--json", replay.json, "one JSON object per run");
   p->add_option("--plot", replay.plot,
                 "also sweep capacities and draw hit rate vs capacity into this SVG file");

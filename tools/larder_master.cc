@@ -40,7 +40,6 @@ int main(int argc, char** argv) {
                        "print the version and exit");
   larder::master::MasterServerOptions options;
   std::string lease_ttl = "5s", client_ttl = "10s", put_timeout = "30s", placement = "local-first";
-  std::string eviction_headroom = "500ms";
   std::string default_soft_pin_ttl = "30m", max_soft_pin_ttl = "24h";
   std::string etcd_endpoints, leader_ttl = "3s";
   larder::cli::TokenFlags tokens;
@@ -86,12 +85,6 @@ int main(int argc, char** argv) {
   app.add_option("--eviction-ratio", options.master.eviction_ratio,
                  "fraction of the capacity background eviction frees")
       ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  app.add_option("--eviction-headroom", eviction_headroom,
-                 "the sweeper keeps this long of puts (at the recent put rate, at most a quarter "
-                 "of the pool) free or on its way back: a range an eviction frees is reused only "
-                 "once its owner's catalog has dropped the evicted object (0: off)")
-      ->check(Duration())
       ->capture_default_str();
   app.add_option("--put-timeout", put_timeout, "a put not ended within this is revoked")
       ->check(Duration())
@@ -149,7 +142,6 @@ int main(int argc, char** argv) {
   options.master.lease_ttl = ToDuration(lease_ttl);
   options.master.client_ttl = ToDuration(client_ttl);
   options.master.put_timeout = ToDuration(put_timeout);
-  options.master.eviction_headroom = ToDuration(eviction_headroom);
   options.master.default_soft_pin_ttl = ToDuration(default_soft_pin_ttl);
   options.master.max_soft_pin_ttl = ToDuration(max_soft_pin_ttl);
   if (options.master.default_soft_pin_ttl > options.master.max_soft_pin_ttl) {

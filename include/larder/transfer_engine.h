@@ -128,7 +128,7 @@ struct LARDER_EXPORT SegmentDescriptor {
   SegmentId segment_id = 0;
   std::string name;       // unique per owner engine
   uint64_t epoch = 0;     // changes whenever an id would be re-registered
-  std::string engine_id;  // "<host_id>/<pid>/<nonce>"
+  std::string engine_id;  // "<host_id>/<pid>/<fingerprint>"
   std::string host_id;    // kernel boot id or LARDER_HOST_ID
   std::string address;    // "ip:port" of the owner engine (its address(): descriptor queries)
   uint64_t size = 0;
@@ -298,8 +298,16 @@ class LARDER_EXPORT TransferEngine {
   // already on the wire finish or fail by their deadlines, which the destructor waits for.
   virtual ~TransferEngine() = default;
 
-  // "<host_id>/<pid>/<nonce>".
+  // "<host_id>/<pid>/<fingerprint>": the fingerprint of the engine's key (identity_key()), so that
+  // only this engine can prove the id.
   virtual const std::string& id() const = 0;
+  // The engine's public key (Ed25519, 32 bytes), and its signature of `message`: what a master
+  // session for this engine's id must show (docs/security.md). Empty for an engine without one.
+  virtual std::string identity_key() const { return {}; }
+  virtual std::string SignAsEngine(std::string_view message) const {
+    (void)message;
+    return {};
+  }
   virtual const std::string& host_id() const = 0;
   // "ip:port" of the data server (the address peers use to open this engine's segments).
   virtual std::string address() const = 0;

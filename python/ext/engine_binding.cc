@@ -371,7 +371,7 @@ void BindEngine(py::module_& module) {
            })
       .def_property_readonly(
           "id", [](const PyEngine& self) { return self.Engine()->id(); },
-          "'<host_id>/<pid>/<nonce>'.")
+          "'<host_id>/<pid>/<fingerprint>'.")
       .def_property_readonly("host_id",
                              [](const PyEngine& self) { return self.Engine()->host_id(); })
       .def_property_readonly(

@@ -1,17 +1,56 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "client/catalog.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <algorithm>
+#include <random>
+#include <vector>
 
 namespace larder::client {
 
+namespace {
+
+// A secret of this process: no peer can choose bytes whose identity matches another object's.
+uint64_t RandomSeed() {
+  std::random_device random;
+  return (uint64_t{random()} << 32) ^ random();
+}
+
+}  // namespace
+
+SegmentCatalog::SegmentCatalog(std::span<const uint8_t> memory)
+    : memory_(memory), seed_(RandomSeed()) {}
+
+std::optional<uint64_t> SegmentCatalog::IdentityOf(uint64_t offset, uint64_t size) const {
+  if (!verifies() || offset > memory_.size() || size > memory_.size() - offset) {
+    return std::nullopt;
+  }
+  return XXH3_64bits_withSeed(memory_.data() + offset, size, seed_);
+}
+
 Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64_t incarnation) {
   const Clock::time_point now = Clock::now();
+  std::vector<uint64_t> added;  // offsets of the ADDs applied
   MutexLock lock(mu_);
+  // The identities of what this reply added and left in place (an object removed in the same
+  // reply costs nothing), read now: the master reuses a range at once only once the ADD is
+  // acknowledged, which follows this Apply, so each range still holds its object's bytes.
+  auto identify_added = [&]() LARDER_REQUIRES(mu_) {
+    for (uint64_t offset : added) {
+      auto it = entries_.find(offset);
+      if (it == entries_.end() || it->second.has_identity) continue;
+      const std::optional<uint64_t> identity = IdentityOf(offset, it->second.size);
+      it->second.has_identity = identity.has_value();
+      it->second.identity = identity.value_or(0);
+    }
+  };
   if (changes.reset()) entries_.clear();
   incarnation_ = incarnation;
   for (const proto::CatalogChange& change : changes.changes()) {
     if (!changes.reset() && change.seq() != seq_ + 1) {
+      identify_added();
       return InternalError("larder-master sent catalog change " + std::to_string(change.seq()) +
                            " where " + std::to_string(seq_ + 1) + " was next");
     }
@@ -27,6 +66,8 @@ Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64
                                    ? now + std::chrono::milliseconds(in.soft_pin_remaining_ms())
                                    : Clock::time_point{};
         entry.last_access = in.last_access();
+        entry.has_identity = false;
+        added.push_back(in.offset());
         break;
       }
       case proto::CatalogChange::REMOVE: {
@@ -46,13 +87,22 @@ Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64
     }
   }
   if (changes.reset()) seq_ = changes.last_seq();
+  identify_added();
   return Status::Ok();
 }
 
-void SegmentCatalog::Fill(proto::SegmentInfo* segment) const {
+size_t SegmentCatalog::Fill(proto::SegmentInfo* segment) {
   const Clock::time_point now = Clock::now();
   MutexLock lock(mu_);
   segment->set_catalog_incarnation(incarnation_);
+  segment->set_verifies_catalog(verifies());
+  size_t stale = 0;
+  if (verifies()) {
+    stale = std::erase_if(entries_, [this](const auto& item) {
+      const auto& [offset, entry] = item;
+      return !entry.has_identity || IdentityOf(offset, entry.size) != entry.identity;
+    });
+  }
   segment->mutable_catalog()->Reserve(static_cast<int>(entries_.size()));
   for (const auto& [offset, entry] : entries_) {
     proto::CatalogEntry* out = segment->add_catalog();
@@ -66,6 +116,7 @@ void SegmentCatalog::Fill(proto::SegmentInfo* segment) const {
     }
     out->set_last_access(entry.last_access);
   }
+  return stale;
 }
 
 void SegmentCatalog::Restart() {

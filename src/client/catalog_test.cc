@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <vector>
 
 namespace larder::client {
 namespace {
@@ -22,7 +24,7 @@ proto::CatalogChange Change(uint64_t seq, proto::CatalogChange::Kind kind, std::
 
 // offset -> (key, size, last_access), as a mount would report the catalog.
 std::map<uint64_t, std::tuple<std::string, uint64_t, uint64_t>> Reported(
-    const SegmentCatalog& catalog, uint64_t* incarnation = nullptr) {
+    SegmentCatalog& catalog, uint64_t* incarnation = nullptr) {
   proto::SegmentInfo segment;
   catalog.Fill(&segment);
   if (incarnation != nullptr) *incarnation = segment.catalog_incarnation();
@@ -110,6 +112,49 @@ TEST(SegmentCatalogTest, SoftPinsReportWhatRemainsOfThem) {
   EXPECT_TRUE(segment.catalog(0).pinned());
   EXPECT_GT(segment.catalog(0).soft_pin_remaining_ms(), 0u);
   EXPECT_LE(segment.catalog(0).soft_pin_remaining_ms(), 60000u);
+}
+
+// A catalog that can read its segment checks itself against it: an entry is reported only while
+// its range holds the bytes it held when the entry was added (whatever overwrote them, in part or
+// whole), so that a range the master reused before this catalog heard of the removal is never
+// reported as the old object's.
+TEST(SegmentCatalogTest, AVerifyingCatalogReportsOnlyEntriesWhoseBytesAreTheirOwn) {
+  std::vector<uint8_t> memory(4096);
+  for (size_t i = 0; i < memory.size(); ++i) memory[i] = static_cast<uint8_t>(i * 7);
+  SegmentCatalog catalog(memory);
+  ASSERT_TRUE(catalog.verifies());
+  proto::SegmentCatalogChanges changes;
+  *changes.add_changes() = Change(1, proto::CatalogChange::ADD, "kept", 0, 1024);
+  *changes.add_changes() = Change(2, proto::CatalogChange::ADD, "rewritten", 1024, 1024);
+  *changes.add_changes() = Change(3, proto::CatalogChange::ADD, "one-byte", 2048, 1024);
+  *changes.add_changes() = Change(4, proto::CatalogChange::ADD, "outside", 4000, 1024);
+  ASSERT_TRUE(catalog.Apply(changes, 1).ok());
+  // Another object's bytes land where two of them were (the master reused their ranges).
+  std::fill(memory.begin() + 1024, memory.begin() + 2048, uint8_t{0x5a});
+  memory[3071] ^= 1;
+  proto::SegmentInfo segment;
+  EXPECT_EQ(catalog.Fill(&segment), 3u);
+  EXPECT_TRUE(segment.verifies_catalog());
+  ASSERT_EQ(segment.catalog_size(), 1);
+  EXPECT_EQ(segment.catalog(0).key(), "kept");
+  EXPECT_EQ(catalog.size(), 1u) << "what no longer matches is forgotten";
+  // Touches change no identity; identical bytes written again match again.
+  proto::SegmentCatalogChanges touch;
+  *touch.add_changes() = Change(5, proto::CatalogChange::TOUCH, "kept", 0, 0, 9);
+  ASSERT_TRUE(catalog.Apply(touch, 1).ok());
+  EXPECT_EQ(Reported(catalog).size(), 1u);
+}
+
+TEST(SegmentCatalogTest, ACatalogWithoutMemoryReportsWhatTheMasterSaid) {
+  SegmentCatalog catalog;
+  EXPECT_FALSE(catalog.verifies());
+  proto::SegmentCatalogChanges changes;
+  *changes.add_changes() = Change(1, proto::CatalogChange::ADD, "a", 1 << 30, 1024);
+  ASSERT_TRUE(catalog.Apply(changes, 1).ok());
+  proto::SegmentInfo segment;
+  EXPECT_EQ(catalog.Fill(&segment), 0u);
+  EXPECT_FALSE(segment.verifies_catalog());
+  EXPECT_EQ(segment.catalog_size(), 1);
 }
 
 }  // namespace

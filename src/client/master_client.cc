@@ -191,6 +191,11 @@ Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession(
   control_auth::Digest proof = control_auth::ClientProof(options_.auth_token, options_.client_id,
                                                          client_nonce, challenge.server_nonce());
   open.set_proof(proof.data(), proof.size());
+  if (options_.engine != nullptr) {
+    open.set_identity_key(options_.engine->identity_key());
+    open.set_identity_signature(options_.engine->SignAsEngine(
+        control_auth::IdentityMessage(options_.client_id, client_nonce, challenge.server_nonce())));
+  }
   if (!options_.admin_token.empty()) {
     control_auth::Digest admin = control_auth::AdminProof(options_.admin_token, options_.client_id,
                                                           client_nonce, challenge.server_nonce());

@@ -20,6 +20,7 @@
 #include "common/mutex.h"
 #include "etcd/etcd_client.h"
 #include "larder/status.h"
+#include "larder/transfer_engine.h"
 #include "master.grpc.pb.h"
 
 namespace larder::client {
@@ -36,6 +37,9 @@ struct MasterClientOptions {
   std::string admin_token;
   // PEM CA that the master's TLS certificate must chain to. Empty: plaintext gRPC.
   std::string tls_ca_file;
+  // The engine whose id client_id is: its key signs the session's opening, which a master needs
+  // for an id of the engine form (common/engine_key.h). Null: none (an id of another form).
+  const TransferEngine* engine = nullptr;
 };
 
 // Thread-safe: gRPC stubs may be shared between threads.

@@ -31,10 +31,18 @@ bool IsUnreachable(const Status& status) {
          status.code() == StatusCode::kDeadlineExceeded;
 }
 
+// The segment's bytes, when this process can read them: the catalog checks itself against them.
+std::span<const uint8_t> ReadableBytes(const std::shared_ptr<MemoryRegion>& memory) {
+  if (!memory || memory->kind() == MemoryKind::kDevice) return {};
+  return {static_cast<const uint8_t*>(memory->data()), memory->size()};
+}
+
 }  // namespace
 
 MasterSession::MasterSession(const MasterClient* master, MasterSessionOptions options)
-    : master_(master), options_(std::move(options)) {}
+    : master_(master),
+      options_(std::move(options)),
+      catalog_(ReadableBytes(options_.segment_memory)) {}
 
 MasterSession::~MasterSession() { Stop(); }
 
@@ -134,7 +142,15 @@ Status MasterSession::MountLocked(uint32_t take_over_pid, proto::MountSegmentsRe
     segment->set_base(reinterpret_cast<uintptr_t>(options_.segment_memory->data()));
     segment->set_size(options_.segment_memory->size());
     segment->set_descriptor_json(options_.descriptor_json);
-    if (catalog_.incarnation() != 0) catalog_.Fill(segment);
+    segment->set_verifies_catalog(catalog_.verifies());
+    if (catalog_.incarnation() != 0) {
+      if (const size_t stale = catalog_.Fill(segment); stale > 0) {
+        Log().warn(
+            "segment '{}': {} catalog entr{} no longer match their bytes (their ranges were "
+            "reused before this client learnt of the removal); not reported",
+            options_.segment_name, stale, stale == 1 ? "y" : "ies");
+      }
+    }
     reported = static_cast<size_t>(segment->catalog_size());
   }
   LARDER_RETURN_IF_ERROR(master_->Call("MountSegments", &Stub::MountSegments, request, reply));

@@ -42,7 +42,7 @@ class StoreClientImpl final : public StoreClient {
   StoreClientImpl(StoreClientOptions options, std::unique_ptr<TransferEngine> engine)
       : options_(std::move(options)),
         engine_(std::move(engine)),
-        master_(client::MasterOptionsFor(options_, engine_->id())) {}
+        master_(client::MasterOptionsFor(options_, *engine_)) {}
 
   ~StoreClientImpl() override {
     releases_.Stop();

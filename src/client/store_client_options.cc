@@ -59,14 +59,15 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
 namespace client {
 
 MasterClientOptions MasterOptionsFor(const StoreClientOptions& options,
-                                     const std::string& client_id) {
+                                     const TransferEngine& engine) {
   auto option_or_env = [](const std::string& option, const char* variable) {
     return option.empty() ? GetEnv(variable) : option;
   };
   MasterClientOptions out;
   out.address = options.master_address;
   out.timeout = options.rpc_timeout;
-  out.client_id = client_id;
+  out.client_id = engine.id();
+  out.engine = &engine;
   out.auth_token = option_or_env(options.auth_token, "LARDER_AUTH_TOKEN");
   out.admin_token = option_or_env(options.admin_token, "LARDER_ADMIN_TOKEN");
   out.tls_ca_file = option_or_env(options.tls_ca_file, "LARDER_TLS_CA");

@@ -96,9 +96,10 @@ std::vector<Result<ObjectInfo>> ObjectInfos(const proto::BatchGetReplicasReply& 
 void AddTrafficReport(const EngineStats& stats, proto::HeartbeatRequest* request);
 
 // How a store client reaches the master: its address and timeout, and the tokens and CA of
-// `options`, else of LARDER_AUTH_TOKEN, LARDER_ADMIN_TOKEN and LARDER_TLS_CA.
+// `options`, else of LARDER_AUTH_TOKEN, LARDER_ADMIN_TOKEN and LARDER_TLS_CA; it acts for
+// `engine`'s id, which the engine's key proves. `engine` must outlive the options' users.
 MasterClientOptions MasterOptionsFor(const StoreClientOptions& options,
-                                     const std::string& client_id);
+                                     const TransferEngine& engine);
 // The options of a store client's engine (role kStore).
 TransferEngineOptions StoreEngineOptions(const StoreClientOptions& options);
 

@@ -18,6 +18,15 @@ Digest OpenProof(std::string_view label, std::string_view key, std::string_view 
 
 }  // namespace
 
+std::string IdentityMessage(std::string_view client_id, std::string_view client_nonce,
+                            std::string_view server_nonce) {
+  return MacInput("larder-session-identity-v1")
+      .Add(client_id)
+      .Add(client_nonce)
+      .Add(server_nonce)
+      .bytes();
+}
+
 Digest ClientProof(std::string_view token, std::string_view client_id,
                    std::string_view client_nonce, std::string_view server_nonce) {
   return OpenProof("larder-session-client-v1", token, client_id, client_nonce, server_nonce);

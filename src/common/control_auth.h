@@ -8,6 +8,9 @@
 //   client -> master  OpenSession{client_id, Nc, Ns, proof = ClientProof(token, ...),
 //                                 admin_proof = AdminProof(admin token, ...) or empty}
 //   master -> client  {session_id, proof = ServerProof(token, ...)}
+// A client id of the engine form ("<host>/<pid>/<fingerprint>", common/engine_key.h) also needs the
+// engine's public key and its signature of IdentityMessage(client_id, Nc, Ns) in OpenSession: the
+// master checks that the key's fingerprint is the id's, so only that engine can open its session.
 // Both sides then derive the session key SessionKey(token, client_id, Nc, Ns, session_id); it never
 // travels. Every later call carries, in the `larder-auth-bin` metadata entry, the session id, a
 // sequence number (the master accepts each number once, within a window of recent ones) and
@@ -36,6 +39,9 @@ Digest AdminProof(std::string_view admin_token, std::string_view client_id,
 Digest ServerProof(std::string_view token, std::string_view client_id,
                    std::string_view client_nonce, std::string_view server_nonce,
                    uint64_t session_id, bool admin);
+// What an engine signs to open a session for its own id.
+std::string IdentityMessage(std::string_view client_id, std::string_view client_nonce,
+                            std::string_view server_nonce);
 std::string SessionKey(std::string_view token, std::string_view client_id,
                        std::string_view client_nonce, std::string_view server_nonce,
                        uint64_t session_id);

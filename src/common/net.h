@@ -106,6 +106,8 @@ class MacInput {
   MacInput& Add(uint64_t value);
   // HMAC-SHA256 of the fields under `key`.
   std::array<uint8_t, 32> Sign(std::string_view key) const;
+  // The fields as bytes, for a signature of another kind (an engine key's).
+  const std::string& bytes() const { return bytes_; }
 
  private:
   std::string bytes_;

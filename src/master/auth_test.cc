@@ -15,8 +15,10 @@
 
 #include "client/master_client.h"
 #include "common/control_auth.h"
+#include "common/engine_key.h"
 #include "common/proto_mac.h"
 #include "common/test_certs.h"
+#include "larder/store_client.h"
 #include "master.grpc.pb.h"
 #include "master/master_server.h"
 #include "master/own_descriptor.h"
@@ -390,6 +392,64 @@ std::pair<uint64_t, std::string> OpenSessionByHand(Stub& stub, const std::string
   return {opened.session_id(),
           control_auth::SessionKey(kToken, client_id, client_nonce, challenge.server_nonce(),
                                    opened.session_id())};
+}
+
+// A token holder cannot act for an engine that is away (a client not yet back after a master
+// restart): an engine's id ends with its key's fingerprint, and a session for such an id opens only
+// with that key's signature. Ids of other forms claim no engine.
+TEST(MasterAuthTest, AnEngineIdOpensASessionOnlyWithThatEnginesKey) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  auto stub = RawStub(*server);
+  auto victim = EngineKey::Generate();
+  auto attacker = EngineKey::Generate();
+  const std::string victim_id = "host-v/4242/" + victim->fingerprint();
+  auto open = [&](const std::string& client_id, const EngineKey* key, bool sign_other = false) {
+    proto::ChallengeReply challenge;
+    {
+      grpc::ClientContext context;
+      EXPECT_TRUE(stub->Challenge(&context, proto::ChallengeRequest(), &challenge).ok());
+    }
+    const std::string client_nonce(32, 'n');
+    proto::OpenSessionRequest request;
+    request.set_client_id(client_id);
+    request.set_client_nonce(client_nonce);
+    request.set_server_nonce(challenge.server_nonce());
+    auto proof =
+        control_auth::ClientProof(kToken, client_id, client_nonce, challenge.server_nonce());
+    request.set_proof(proof.data(), proof.size());
+    if (key != nullptr) {
+      request.set_identity_key(key->public_key());
+      const std::string message = control_auth::IdentityMessage(
+          sign_other ? client_id + "x" : client_id, client_nonce, challenge.server_nonce());
+      request.set_identity_signature(key->Sign(message));
+    }
+    grpc::ClientContext context;
+    proto::OpenSessionReply opened;
+    return stub->OpenSession(&context, request, &opened);
+  };
+  // Without a key, with another engine's key, or with a signature of something else: refused.
+  grpc::Status none = open(victim_id, nullptr);
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::PERMISSION_DENIED) << none.error_message();
+  EXPECT_NE(none.error_message().find("its own engine's id"), std::string::npos)
+      << none.error_message();
+  EXPECT_EQ(open(victim_id, attacker.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(open(victim_id, victim.get(), /*sign_other=*/true).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // The engine itself opens it; an id of another form needs no key.
+  grpc::Status own = open(victim_id, victim.get());
+  EXPECT_TRUE(own.ok()) << own.error_message();
+  EXPECT_TRUE(open("tool/7", nullptr).ok());
+  // A real store client proves its engine's id.
+  StoreClientOptions options;
+  options.master_address = server->address();
+  options.auth_token = kToken;
+  options.global_segment_size = 1 << 20;
+  auto store = StoreClient::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_FALSE(ClaimedFingerprint((*store)->client_id()).empty()) << (*store)->client_id();
+  const std::string value = "v";
+  EXPECT_TRUE((*store)->Put("k", std::as_bytes(std::span(value))).ok());
 }
 
 TEST(MasterAuthTest, ACapturedCallCannotBeReplayedOrAltered) {

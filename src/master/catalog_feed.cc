@@ -76,6 +76,13 @@ void CatalogFeed::Release(Log& log, Done done, std::vector<StoredReplica>* relea
   held_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
+bool CatalogFeed::Log::AddAcknowledged(uint32_t added) const {
+  if (added == 0) return false;
+  const uint64_t last = next_seq - 1;
+  const uint32_t behind = static_cast<uint32_t>(last) - added;
+  return behind <= last && last - behind <= acknowledged;
+}
+
 bool CatalogFeed::Hold(const StoredReplica& replica, uint64_t size, uint64_t seq) {
   if (seq == 0) return false;
   Stripe& stripe = StripeOf(replica.segment_id);
@@ -88,15 +95,20 @@ bool CatalogFeed::Hold(const StoredReplica& replica, uint64_t size, uint64_t seq
     return false;
   }
   if (seq != kAfterReset && seq <= log.acknowledged) return false;
+  // The owner's catalog names the object with an identity taken from the object's own bytes: it
+  // drops the entry itself should the range hold anything else by the time it reports.
+  if (log.owner_verifies && log.AddAcknowledged(replica.added)) return false;
   log.held.push_back(Log::Held{replica, size, seq});
   held_bytes_.fetch_add(size, std::memory_order_relaxed);
   return true;
 }
 
-void CatalogFeed::AddSegment(PoolSegmentId id, bool reset, bool owner_has_catalog) {
+void CatalogFeed::AddSegment(PoolSegmentId id, bool reset, bool owner_has_catalog,
+                             bool owner_verifies) {
   auto log = std::make_unique<Log>();
   log->snapshot_shard = shard_count_;
   log->owner_has_catalog = owner_has_catalog || reset;
+  log->owner_verifies = owner_verifies;
   if (reset) BeginReset(*log);
   Stripe& stripe = StripeOf(id);
   MutexLock lock(stripe.mu);
@@ -137,12 +149,13 @@ uint64_t CatalogFeed::Append(PoolSegmentId id, const LoggedChange& change) {
   return log.next_seq - 1;
 }
 
-void CatalogFeed::AppendSnapshot(PoolSegmentId id, const LoggedChange& change) {
+uint64_t CatalogFeed::AppendSnapshot(PoolSegmentId id, const LoggedChange& change) {
   Stripe& stripe = StripeOf(id);
   MutexLock lock(stripe.mu);
   auto it = stripe.logs.find(id);
-  if (it == stripe.logs.end() || it->second->overflowed) return;
+  if (it == stripe.logs.end() || it->second->overflowed) return 0;
   it->second->Push(change);
+  return it->second->next_seq - 1;
 }
 
 void CatalogFeed::Append(const TouchBatch& batch) {

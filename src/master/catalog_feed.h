@@ -8,10 +8,17 @@
 // Sequence numbers are per segment, start at 1, increase by one per change and are never reused.
 // A client acknowledges the last change it applied; changes up to there are dropped.
 //
-// A range that a REMOVE gave up is held here until the owner acknowledges that REMOVE (Hold):
-// until then the owner's catalog may still name the removed object there, and a master that
-// rebuilt from that catalog would serve whatever a new object wrote into the range as the old
-// object's value. Held, the range keeps its bytes until the owner's catalog no longer names them.
+// A removed object's range may be named by its owner's catalog until the owner applies the
+// REMOVE; a master that rebuilt from that catalog would serve whatever a new object wrote into the
+// range as the old object's value. Two ways keep that from happening (Hold):
+//  - an owner that checks its catalog (it mounted with verifies_catalog) records an identity of
+//    each object's bytes, read from its own memory when it applies the object's ADD, and drops
+//    every entry whose range no longer holds those bytes before it reports a catalog. Once the
+//    owner has acknowledged the object's ADD, its catalog's identity was taken while the range
+//    held the object's bytes, so the range may be reused the moment the object goes;
+//  - otherwise (an owner that cannot read its segment's memory, e.g. device memory, or an object
+//    removed before its owner applied its ADD) the range is held here until the owner
+//    acknowledges the REMOVE: held, it keeps its bytes until no catalog names them.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
@@ -96,7 +103,9 @@ class CatalogFeed {
   // holds: its first read answers reset, with a snapshot of the segment's objects.
   // `owner_has_catalog`: the owner mounted it with catalog entries (an owner without any holds
   // nothing stale until it reads, so ranges need not wait for it until then; see Hold).
-  void AddSegment(PoolSegmentId id, bool reset, bool owner_has_catalog = true);
+  // `owner_verifies`: the owner checks its catalog against its memory (see the top of this file).
+  void AddSegment(PoolSegmentId id, bool reset, bool owner_has_catalog = true,
+                  bool owner_verifies = false);
   // Forgets the segment's log. Appends for it are ignored from now on.
   void RemoveSegment(PoolSegmentId id);
 
@@ -124,18 +133,25 @@ class CatalogFeed {
   // Holds `replica` (`size` bytes), which the change `seq` of its segment's log removed, until
   // the owner acknowledges that change (kAfterReset: until it has taken the coming reset). Returns
   // false when it need not wait: the segment has no log (0, or forgotten), the owner has
-  // acknowledged `seq` already, or the owner holds no catalog yet (it mounted without one and has
-  // not read since: its first read is then a reset, a snapshot without the removed object); the
-  // caller frees it then.
+  // acknowledged `seq` already, the owner checks its catalog and has acknowledged the object's ADD
+  // (replica.added), or the owner holds no catalog yet (it mounted without one and has not read
+  // since: its first read is then a reset, a snapshot without the removed object); the caller
+  // frees it then.
   bool Hold(const StoredReplica& replica, uint64_t size, uint64_t seq);
+  // What StoredReplica::added keeps of the sequence number that Append or AppendSnapshot returned
+  // for an ADD: its low 32 bits, 0 when the ADD has none (not logged, or left to a reset).
+  static uint32_t AddedMark(uint64_t seq) {
+    return seq == kAfterReset ? 0 : static_cast<uint32_t>(seq);
+  }
   // Bytes held now, over every segment.
   uint64_t held_bytes() const { return held_bytes_.load(std::memory_order_relaxed); }
   // During a reset, the next shard whose objects on the segment are to be appended as a snapshot
   // (with AppendSnapshot, under that shard's lock), while fewer than `limit` changes after `ack`
   // wait; nullopt when none is to be scanned now. Each shard is handed out once per reset.
   std::optional<size_t> NextSnapshotShard(PoolSegmentId id, uint64_t ack, size_t limit);
-  // As Append for ADD, for a reset's snapshot: never cuts the log short.
-  void AppendSnapshot(PoolSegmentId id, const LoggedChange& change);
+  // As Append for ADD, for a reset's snapshot: never cuts the log short. Returns the change's
+  // sequence number, or 0 when it was not logged (no log, or cut short since).
+  uint64_t AppendSnapshot(PoolSegmentId id, const LoggedChange& change);
   // At most `limit` changes after `ack` into *out (segment_id, reset, changes, more, last_seq),
   // with soft-pin deadlines as the time left after `now` (master clock, ns).
   void Read(PoolSegmentId id, uint64_t ack, size_t limit, int64_t now,
@@ -170,6 +186,7 @@ class CatalogFeed {
     bool overflowed = false;        // cleared; a reset starts at the next Acknowledge
     bool read = false;              // acknowledged at least once: the larger bound applies
     bool owner_has_catalog = true;  // mounted with catalog entries
+    bool owner_verifies = false;    // checks its catalog against its memory
     bool freed_unread = false;      // ranges went back before the first read: it is a reset
     // A reset in progress: the owner must drop its catalog before applying the changes from
     // reset_seq on (0: none), and shards from snapshot_shard on are still to be scanned.
@@ -186,6 +203,10 @@ class CatalogFeed {
     std::vector<Held> held;
 
     uint64_t pending() const { return next_seq - first_seq - front_skip; }
+    // Whether the owner has applied the ADD whose AddedMark is `added`: the ADD is the latest
+    // change numbered at most next_seq - 1 with those low bits (or an earlier one, never a later
+    // one, so a mark that wrapped around only ever holds a range longer).
+    bool AddAcknowledged(uint32_t added) const;
     size_t bound() const {
       return read ? kMaxPendingCatalogChanges : kMaxPendingCatalogChangesUnread;
     }

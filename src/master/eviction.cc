@@ -191,33 +191,4 @@ void MasterState::EvictAboveWatermark() {
   if (usage.used > target) Evict(usage.used - target);
 }
 
-void MasterState::EvictForHeadroom(int64_t now) {
-  if (options_.eviction_headroom.count() <= 0) return;
-  const uint64_t put_bytes = counters_.put_bytes.load(std::memory_order_relaxed);
-  double rate = 0;
-  {
-    MutexLock lock(rate_mu_);
-    const int64_t elapsed = now - put_rate_at_;
-    if (put_rate_at_ == 0 || elapsed <= 0) {
-      put_rate_at_ = now;
-      put_rate_bytes_ = put_bytes;
-      return;
-    }
-    const double recent =
-        static_cast<double>(put_bytes - put_rate_bytes_) * 1e9 / static_cast<double>(elapsed);
-    // Smoothed over about a second of sweeps.
-    put_rate_ = put_rate_ == 0 ? recent : 0.7 * put_rate_ + 0.3 * recent;
-    put_rate_at_ = now;
-    put_rate_bytes_ = put_bytes;
-    rate = put_rate_;
-  }
-  SegmentTable::Usage usage = segments_.usage();
-  const double window = std::chrono::duration<double>(options_.eviction_headroom).count();
-  const auto target =
-      static_cast<uint64_t>(std::min(static_cast<double>(usage.capacity) / 4, rate * window));
-  const uint64_t free = usage.capacity - std::min(usage.used, usage.capacity);
-  const uint64_t coming = feed_.held_bytes();
-  if (free + coming < target) Evict(target - free - coming);
-}
-
 }  // namespace larder::master

@@ -160,6 +160,8 @@ TEST(GuardedHttpServerTest, PeerOverItsShareLosesItsOldestStalledConnection) {
     stalled.push_back(Connect(guarded.port()));
     Send(stalled.back(), "GET /ping HTTP/1.1\r\n");
   }
+  // The gate admits connections as its threads take them up: all four are in before the fifth.
+  ASSERT_TRUE(testutil::WaitUntil([&] { return guarded.server().waiting() == 4; }, 10s));
   httplib::Client http("127.0.0.1", guarded.port());
   http.set_read_timeout(5s);
   auto ping = http.Get("/ping");
@@ -177,6 +179,8 @@ TEST(GuardedHttpServerTest, PeerOverItsShareLosesItsOldestStalledConnection) {
   };
   EXPECT_TRUE(testutil::WaitUntil([&] { return count_closed() >= 1; }, 10s));
   EXPECT_EQ(count_closed(), 1u);
+  // Counted by the evicted connection's thread once it sees the hang-up.
+  EXPECT_TRUE(testutil::WaitUntil([&] { return guarded.server().refused() >= 1; }, 10s));
   EXPECT_EQ(guarded.server().refused(), 1u);
 }
 

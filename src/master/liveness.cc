@@ -25,7 +25,6 @@ void MasterState::RunMaintenance() {
   RevokeTimedOutPuts(now);
   ReleaseQuarantine(now);
   EvictAboveWatermark();
-  EvictForHeadroom(now);
   EndRecoveryWindow(now);
   SampleRates(now);
 }

@@ -463,7 +463,6 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
           if (staged.ttl > 0 || staged.until > 0) shard.staged_soft_pins[object] = staged;
         }
         objects_.fetch_add(1, std::memory_order_relaxed);
-        counters_.put_bytes.fetch_add(item.size * object->replica_count, std::memory_order_relaxed);
         for (const StoredReplica& replica : object->replicas()) {
           outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
         }
@@ -475,7 +474,8 @@ PutStartOutcome MasterState::PutStartOne(const ClientRecord& client, const PutSt
       }
     }
     // What eviction frees may be held until the segments' owners apply the REMOVEs (a catalog
-    // sync away; the sweeper's headroom makes this rare): wait for ranges to come back.
+    // sync away; only for owners that do not check their catalogs: see CatalogFeed::Hold): wait
+    // for ranges to come back.
     uint64_t seen;
     {
       MutexLock lock(reclaim_mu_);

@@ -405,7 +405,7 @@ class MasterState {
   void LogRemovedLocked(const Object* object, std::vector<FreedReplica>* freed);
   // Logs ADD of an object just committed into each of its replicas' segments.
   // REQUIRES: its shard's mu held.
-  void LogAddedLocked(const Object* object, int64_t soft_pin_until);
+  void LogAddedLocked(Object* object, int64_t soft_pin_until);
   // The snapshot of a reset: appends ADD for each complete object of shard `shard` with a
   // replica in the segment.
   void SnapshotShard(PoolSegmentId segment, size_t shard);
@@ -419,8 +419,6 @@ class MasterState {
   void RevokeTimedOutPuts(int64_t now);
   void ReleaseQuarantine(int64_t now);
   void EvictAboveWatermark();
-  // Keeps options_.eviction_headroom of puts free or held (see MasterOptions).
-  void EvictForHeadroom(int64_t now);
   void SweeperLoop();
 
   const MasterOptions options_;
@@ -478,18 +476,13 @@ class MasterState {
         evicted_bytes{0}, lease_expiries{0}, lease_releases{0}, lease_releases_unknown{0},
         lease_releases_refused{0}, put_refusals_no_space{0}, put_refusals_invalid{0},
         eviction_runs{0}, eviction_scanned{0}, put_revokes{0}, client_expiries{0},
-        recovered_objects{0}, catalog_entries_dropped{0}, put_bytes{0};
+        recovered_objects{0}, catalog_entries_dropped{0};
   };
   mutable Counters counters_;
 
   // (master clock, evictions so far), one sample per sweep over the last kRateWindow.
   mutable Mutex rate_mu_;
   std::deque<std::pair<int64_t, uint64_t>> eviction_samples_ LARDER_GUARDED_BY(rate_mu_);
-  // The put rate EvictForHeadroom follows: bytes per second, smoothed, from the put_bytes counter
-  // read at put_rate_at_.
-  double put_rate_ LARDER_GUARDED_BY(rate_mu_) = 0;
-  int64_t put_rate_at_ LARDER_GUARDED_BY(rate_mu_) = 0;
-  uint64_t put_rate_bytes_ LARDER_GUARDED_BY(rate_mu_) = 0;
   void SampleRates(int64_t now);
 
   Mutex sweeper_mu_;

@@ -327,6 +327,46 @@ TEST_F(CatalogTest, ARemovedRangeIsReusedOnlyOnceItsOwnerAppliedTheRemove) {
   EXPECT_EQ(placed.replicas[0].offset, 0u);
 }
 
+// An owner that checks its catalog against its memory (verifies_catalog) recorded the identity of
+// an object's bytes when it applied the object's ADD, and drops the entry itself should the range
+// hold anything else by the time it reports: once that ADD is acknowledged, a removed object's
+// range is free at once. An object removed before its owner applied its ADD is held as before.
+TEST_F(CatalogTest, AVerifyingOwnersRangesAreFreeOnceItAppliedTheAdd) {
+  SegmentMount mount{"seg-a", 0x100000, 4096, "{}"};
+  mount.verifies_catalog = true;
+  auto mounted = state_.MountSegments("a", "host-a", std::span(&mount, 1));
+  ASSERT_TRUE(mounted[0].ok()) << mounted[0].status();
+  ClientCatalog catalog{*mounted[0]};
+  // Removed before the owner applied its ADD: held until the REMOVE is acknowledged.
+  Sync(&catalog);
+  ASSERT_TRUE(Put("a", "unseen", 4096).ok());
+  ASSERT_TRUE(Remove("a", "unseen").ok());
+  EXPECT_EQ(state_.Stats().bytes_used, 4096u) << "held: the owner never read these bytes";
+  Sync(&catalog);
+  SyncOnce(state_, "a", &catalog);
+  EXPECT_EQ(state_.Stats().bytes_used, 0u);
+  // Applied and acknowledged: free the moment it is removed, and a put takes the range at once.
+  ASSERT_TRUE(Put("a", "seen", 4096).ok());
+  Sync(&catalog);
+  SyncOnce(state_, "a", &catalog);
+  ASSERT_TRUE(catalog.Holds("seen"));
+  ASSERT_TRUE(Remove("a", "seen").ok());
+  EXPECT_EQ(state_.Stats().bytes_used, 0u);
+  ASSERT_TRUE(Put("a", "next", 4096).ok());
+  // A reset's snapshot ADDs the object again: until the owner acknowledges that, it is held.
+  Sync(&catalog);
+  SyncOnce(state_, "a", &catalog);
+  catalog.full = true;
+  SegmentCatalogChanges snapshot = SyncOnce(state_, "a", &catalog);
+  ASSERT_TRUE(snapshot.reset);
+  ASSERT_TRUE(catalog.Holds("next"));
+  ASSERT_TRUE(Remove("a", "next").ok());
+  EXPECT_EQ(state_.Stats().bytes_used, 4096u) << "the snapshot's ADD is not acknowledged yet";
+  Sync(&catalog);
+  SyncOnce(state_, "a", &catalog);
+  EXPECT_EQ(state_.Stats().bytes_used, 0u);
+}
+
 // A put that finds the pool full of held ranges waits for the owner rather than failing.
 TEST_F(CatalogTest, APutWaitsForTheOwnerToFreeHeldRanges) {
   ClientCatalog catalog{Mount("a", "seg-a", 4096)};

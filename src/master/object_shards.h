@@ -120,6 +120,7 @@ struct Object {
     return {reinterpret_cast<const char*>(replica_array() + replica_count), key_size};
   }
   std::span<const StoredReplica> replicas() const { return {replica_array(), replica_count}; }
+  std::span<StoredReplica> mutable_replicas() { return {replica_array(), replica_count}; }
   bool HasReplicaOn(PoolSegmentId segment) const {
     for (const StoredReplica& replica : replicas()) {
       if (replica.segment_id == segment) return true;

@@ -177,7 +177,7 @@ MountOutcome MasterState::MountOne(const MountCaller& caller, uint32_t slot,
   // The log exists before any put can place a replica in the segment, and starts with the
   // REMOVEs of the entries refused so far, before any ADD that may reuse their ranges.
   preparation.on_mount = [&](PoolSegmentId id) {
-    feed_.AddSegment(id, ignored_catalog, has_catalog);
+    feed_.AddSegment(id, ignored_catalog, has_catalog, mount.verifies_catalog);
     for (uint32_t i : prepared.refused) feed_.Append(id, RemovalOf(mount.catalog[i]));
     for (size_t k = 0; k < prepared.reserved.size(); ++k) {
       if (!prepared.reserved[k].has_value()) {
@@ -440,7 +440,7 @@ Status MasterState::RebuildingError(std::string_view key, int64_t left_ns) {
   return UnavailableError(std::move(message)).WithDetail(ErrorDetail::kRebuilding);
 }
 
-void MasterState::LogAddedLocked(const Object* object, int64_t soft_pin_until) {
+void MasterState::LogAddedLocked(Object* object, int64_t soft_pin_until) {
   LoggedChange change;
   change.kind = CatalogChangeKind::kAdd;
   change.key = object->key();
@@ -448,9 +448,9 @@ void MasterState::LogAddedLocked(const Object* object, int64_t soft_pin_until) {
   change.pinned = object->pinned;
   change.soft_pin_until = soft_pin_until;
   change.last_access = object->last_access;
-  for (const StoredReplica& replica : object->replicas()) {
+  for (StoredReplica& replica : object->mutable_replicas()) {
     change.offset = replica.offset;
-    feed_.Append(replica.segment_id, change);
+    replica.added = CatalogFeed::AddedMark(feed_.Append(replica.segment_id, change));
   }
 }
 
@@ -475,7 +475,7 @@ void MasterState::SnapshotShard(PoolSegmentId segment, size_t shard_index) {
   MutexLock lock(shard.mu);
   for (Object* object : shard.objects) {
     if (object->state != ObjectState::kComplete) continue;
-    for (const StoredReplica& replica : object->replicas()) {
+    for (StoredReplica& replica : object->mutable_replicas()) {
       if (replica.segment_id != segment) continue;
       LoggedChange change;
       change.kind = CatalogChangeKind::kAdd;
@@ -485,7 +485,7 @@ void MasterState::SnapshotShard(PoolSegmentId segment, size_t shard_index) {
       change.pinned = object->pinned;
       change.soft_pin_until = shard.SoftPinUntil(object);
       change.last_access = object->last_access;
-      feed_.AppendSnapshot(segment, change);
+      replica.added = CatalogFeed::AddedMark(feed_.AppendSnapshot(segment, change));
     }
   }
 }

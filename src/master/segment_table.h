@@ -22,7 +22,12 @@ struct StoredReplica {
   PoolSegmentId segment_id = 0;
   uint64_t offset = 0;
   OffsetAllocator::Handle handle = OffsetAllocator::kInvalidHandle;
+  // The low 32 bits of the sequence number of the object's last ADD in its segment's catalog log
+  // (0: none known), which decides whether the range may be reused at once when the object goes
+  // (CatalogFeed::Hold). Fills what would otherwise be padding.
+  uint32_t added = 0;
 };
+static_assert(sizeof(StoredReplica) == 24);
 
 // A range of bytes in a segment.
 struct ByteRange {

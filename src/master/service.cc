@@ -53,6 +53,7 @@ SegmentMount ToMount(const proto::SegmentInfo& segment) {
                                          entry.soft_pin_remaining_ms(), entry.last_access()});
   }
   mount.catalog_incarnation = segment.catalog_incarnation();
+  mount.verifies_catalog = segment.verifies_catalog();
   return mount;
 }
 
@@ -216,9 +217,10 @@ class MasterService final : public proto::Master::Service {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "this master has no cluster token; calls need no session");
     }
-    auto opened =
-        sessions_->Open(request->client_id(), request->client_nonce(), request->server_nonce(),
-                        request->proof(), request->admin_proof());
+    auto opened = sessions_->Open(
+        request->client_id(), request->client_nonce(), request->server_nonce(), request->proof(),
+        request->admin_proof(),
+        SessionTable::EngineProof{request->identity_key(), request->identity_signature()});
     if (!opened.ok()) {
       Log().warn("OpenSession from {} refused: {}", context->peer(), opened.status().ToString());
       return ToGrpc(opened.status());

@@ -2,6 +2,7 @@
 //
 #include "master/sessions.h"
 
+#include "common/engine_key.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -47,7 +48,7 @@ Result<SessionTable::Opened> SessionTable::Open(std::string_view client_id,
                                                 std::string_view client_nonce,
                                                 std::string_view server_nonce,
                                                 std::string_view proof,
-                                                std::string_view admin_proof) {
+                                                std::string_view admin_proof, EngineProof engine) {
   if (!enabled()) return FailedPreconditionError("this master has no cluster token");
   if (client_id.empty() || client_id.size() > kMaxClientIdBytes) {
     return InvalidArgumentError("client id must have 1.." + std::to_string(kMaxClientIdBytes) +
@@ -83,6 +84,20 @@ Result<SessionTable::Opened> SessionTable::Open(std::string_view client_id,
                                                     : "this master has no admin token");
     }
     admin = true;
+  }
+  if (std::string_view claimed = ClaimedFingerprint(client_id); !claimed.empty()) {
+    // An engine's id: only the engine that holds the key it names may act for it.
+    if (EngineKeyFingerprint(engine.key) != claimed ||
+        !VerifyEngineSignature(engine.key,
+                               control_auth::IdentityMessage(client_id, client_nonce, server_nonce),
+                               engine.signature)) {
+      Log().warn("OpenSession for client {}: no proof of that engine's key",
+                 client_id.substr(0, 128));
+      return PermissionDeniedError(
+          "client id '" + std::string(client_id.substr(0, 128)) +
+          "' names an engine by its key's fingerprint, and the session was not opened with that "
+          "key: a client acts only under its own engine's id");
+    }
   }
   auto session = std::make_shared<Session>();
   session->client_id = std::string(client_id);

@@ -65,12 +65,18 @@ class SessionTable {
     control_auth::Digest proof{};  // ServerProof
     bool admin = false;
   };
+  // The proof that an engine opens the session for its own id: its public key and signature.
+  struct EngineProof {
+    std::string_view key;
+    std::string_view signature;
+  };
   // Opens a session for `client_id`. Errors: Unauthenticated (unknown or reused challenge, wrong
-  // proof of either token), InvalidArgument (malformed fields), PermissionDenied (the client id
-  // has a session in use already: nobody takes over another client's id), ResourceExhausted.
+  // proof of either token), InvalidArgument (malformed fields), PermissionDenied (an id of the
+  // engine form without that engine's proof; the client id has a session in use already: nobody
+  // takes over another client's id), ResourceExhausted.
   Result<Opened> Open(std::string_view client_id, std::string_view client_nonce,
                       std::string_view server_nonce, std::string_view proof,
-                      std::string_view admin_proof);
+                      std::string_view admin_proof, EngineProof engine = {});
 
   // Checks a call's `larder-auth-bin` metadata against the method and the serialized request.
   // Errors: Unauthenticated (missing or malformed proof, wrong mac, replayed sequence number; an

@@ -45,11 +45,6 @@ struct MasterOptions {
   double eviction_high_watermark = 1.0;
   // ... this fraction of the capacity, so that puts find free space without evicting.
   double eviction_ratio = 0.05;
-  // Space the sweeper keeps free, or on its way back, for this long of puts at the recent put
-  // rate (at most a quarter of the capacity; 0: off). A range that a removal or an eviction gives
-  // up is reused only once its segment's owner has applied the REMOVE to its catalog (a catalog
-  // sync away; see CatalogFeed::Hold), so eviction runs this far ahead of the puts.
-  std::chrono::milliseconds eviction_headroom{500};
   // A put started and neither ended nor revoked after this long is revoked.
   std::chrono::milliseconds put_timeout{30000};
   size_t max_key_size = 4096;  // at most kMaxKeyBytes (65535)
@@ -95,6 +90,9 @@ struct SegmentMount {
   // another incarnation; one of its own is ignored (see MasterState::MountSegments).
   std::vector<CatalogEntry> catalog = {};
   uint64_t catalog_incarnation = 0;
+  // The owner checks its catalog against its own memory before it reports it (see
+  // CatalogFeed::Hold): a removed object's range may then be reused at once.
+  bool verifies_catalog = false;
 };
 
 // Who mounts: the calling client and its process.

@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/engine_key.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -114,6 +115,8 @@ class Engine final : public TransferEngine, public SliceCallback {
   Status Init();
 
   const std::string& id() const override { return context_.engine_id; }
+  std::string identity_key() const override { return key_->public_key(); }
+  std::string SignAsEngine(std::string_view message) const override { return key_->Sign(message); }
   const std::string& host_id() const override { return context_.host_id; }
   std::string address() const override { return context_.engine_address; }
   std::vector<RouteKind> routes() const override {
@@ -178,6 +181,8 @@ class Engine final : public TransferEngine, public SliceCallback {
   TransferEngineOptions options_;
   std::vector<std::unique_ptr<Transport>> transports_;
   EngineContext context_;
+  // Its fingerprint ends the engine's id.
+  const std::shared_ptr<const EngineKey> key_ = EngineKey::Generate();
   SegmentExports exports_;
   std::unique_ptr<ThreadPool> copy_pool_;
   std::unique_ptr<wire::FrameServer> server_;
@@ -248,9 +253,8 @@ Status Engine::Init() {
       return ErrnoToStatus(errno, "prctl(PR_SET_DUMPABLE, 0)");
     }
   }
-  char nonce[17];
-  snprintf(nonce, sizeof(nonce), "%016llx", static_cast<unsigned long long>(RandomU64()));
-  context_.engine_id = context_.host_id + "/" + std::to_string(getpid()) + "/" + nonce;
+  context_.engine_id =
+      context_.host_id + "/" + std::to_string(getpid()) + "/" + key_->fingerprint();
   context_.options = &options_;
   context_.exports = &exports_;
   std::string huge = options_.huge_pages;

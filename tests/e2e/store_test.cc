@@ -497,12 +497,10 @@ TEST(StoreE2ETest, EvictionUnderPressureNeverShowsAnotherObjectsBytes) {
 // A reader holds leases on 16 objects (the test plays a reader stuck mid-copy, through the
 // master's own API) while a writer puts 2000 more into a pool of 64: every put succeeds by
 // evicting other objects, and no held object is evicted. Once released, the held objects are
-// plain LRU objects again: the oldest, so the next puts evict them first. The master keeps no
-// eviction headroom: what it evicts is then exactly what the puts need, in LRU order (with
-// headroom, the sweeper's free space would take the first puts after the release).
+// plain LRU objects again: the oldest, so the next puts evict them first: what the master evicts
+// is exactly what the puts need, in LRU order.
 TEST(StoreE2ETest, PutsEvictAroundObjectsReadersHold) {
-  Master master =
-      StartMaster({"--lease-ttl", "60s", "--client-ttl", "60s", "--eviction-headroom", "0"});
+  Master master = StartMaster({"--lease-ttl", "60s", "--client-ttl", "60s"});
   ChildProcess owner = StartWorker(master, "small", "4M");
   ChildProcess writer = StartWorker(master, "writer", "0");
   ASSERT_EQ(Put(writer, "held/", 16, 64 * 1024, "small")["ok"], 16);
@@ -607,7 +605,7 @@ TEST(StoreE2ETest, LeasesOfAKilledReaderExpireAtTheTtl) {
   EXPECT_EQ(Metric(master, "larder_leases_active"), 0);
   EXPECT_EQ(Metric(master, "larder_lease_releases_total"), 0);
   // What it held is evictable again: it is the oldest, and goes first. (Half the pool's worth of
-  // puts, more than the free headroom the sweeper keeps, so that they must evict.)
+  // puts, so that they must evict.)
   EXPECT_EQ(Put(writer, "q/", 32, 64 * 1024, "small")["ok"], 32);
   json r = Send(writer, {{"cmd", "exist"}, {"keys", Keys("r/", 8)}});
   for (const json& e : r["exist"]) EXPECT_EQ(e, false) << r;

@@ -129,11 +129,7 @@ Result<Cluster> StartCluster(const ReplayOptions& options, uint64_t segment_size
   Cluster cluster;
   cluster.master_address = options.master;
   if (cluster.master_address.empty()) {
-    std::optional<std::chrono::milliseconds> headroom;
-    if (options.eviction_headroom_ms >= 0) {
-      headroom = std::chrono::milliseconds(options.eviction_headroom_ms);
-    }
-    LARDER_ASSIGN_OR_RETURN(cluster.master, StartEmbeddedMaster(-1, headroom));
+    LARDER_ASSIGN_OR_RETURN(cluster.master, StartEmbeddedMaster(-1));
     cluster.master_address = cluster.master->address();
   }
   std::string program =

@@ -32,10 +32,6 @@ struct ReplayOptions {
   uint64_t page_size = 64ull << 10;
   // Pool bytes across all clients.
   uint64_t capacity = 1ull << 30;
-  // The started master's eviction headroom in milliseconds (MasterOptions::eviction_headroom:
-  // space kept free ahead of the puts, which an exact LRU of `capacity` does not keep); < 0: the
-  // master's default. With 0 the pool stays full, and puts that evict wait for the owners' syncs.
-  int64_t eviction_headroom_ms = -1;
   // Arrival times are divided by this; 0: send each request as soon as a client is free.
   double speed = 0;
   // Store protocol of the clients: auto | shm | tcp.

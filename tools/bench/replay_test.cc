@@ -231,9 +231,6 @@ Result<ReplayResult> ReplayFixtureSequentially(uint64_t capacity) {
   options.capacity = capacity;
   options.clients = 1;
   options.inflight = 1;
-  // Exact LRU keeps the pool full: so does the store without headroom (its puts then wait for
-  // the owners to acknowledge the evictions).
-  options.eviction_headroom_ms = 0;
   LARDER_ASSIGN_OR_RETURN(ReplayResult result, RunReplay(options, requests, kFixture));
   EXPECT_EQ(result.errors, 0u) << result.first_error;
   EXPECT_EQ(result.wrong_bytes, 0u) << result.first_error;

@@ -327,10 +327,8 @@ Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions
   return StoreClient::Create(client_options);
 }
 
-Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(
-    int http_port, std::optional<std::chrono::milliseconds> eviction_headroom) {
+Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(int http_port) {
   master::MasterServerOptions options;
-  if (eviction_headroom) options.master.eviction_headroom = *eviction_headroom;
   options.listen_host = "127.0.0.1";
   options.port = 0;
   options.http_port = http_port;

@@ -77,7 +77,6 @@ Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions
 // `http_port` (0: a free one; -1: off).
 // A master on loopback for the tools' clusters, with LARDER_AUTH_TOKEN / LARDER_ADMIN_TOKEN as its
 // tokens when they are set.
-Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(
-    int http_port = -1, std::optional<std::chrono::milliseconds> eviction_headroom = {});
+Result<std::unique_ptr<master::MasterServer>> StartEmbeddedMaster(int http_port = -1);
 
 }  // namespace larder::bench

@@ -69,7 +69,8 @@ class UcxTransport final : public Transport {
   Status Start(const EngineContext& context) override {
     context_ = context;
     if (!named_ && !HostHasRdmaDevices()) return Status();
-    auto worker = ucx::UcxWorker::Create(context.engine_id, /*rdma_only=*/!named_);
+    auto worker =
+        ucx::UcxWorker::Create(context.engine_id, /*rdma_only=*/!named_, context.auth_token);
     if (!worker.ok()) {
       if (named_) return worker.status().WithContext("starting the ucx transport");
       Log().warn("ucx transport off for engine {}: {}", context.engine_id,

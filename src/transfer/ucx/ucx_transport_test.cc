@@ -34,10 +34,12 @@ const RouteKind kUcx("ucx");
 constexpr uint64_t kSegmentBytes = 128ull << 20;
 
 std::unique_ptr<TransferEngine> CreateEngine(const std::string& protocol,
-                                             const std::string& host_id = "") {
+                                             const std::string& host_id = "",
+                                             const std::string& auth_token = "") {
   TransferEngineOptions options;
   options.protocol = protocol;
   options.host_id = host_id;
+  options.auth_token = auth_token;
   auto engine = TransferEngine::Create(options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(engine).value() : nullptr;
@@ -260,6 +262,54 @@ TEST_F(UcxTransportTest, GarbageWorkerAddressAndRkeyFailToOpen) {
   }
   std::vector<uint8_t> buf(4096);
   EXPECT_TRUE(Transfer(*initiator_, TransferOp::kRead, buf.data(), handle_, 0, buf.size()).ok());
+}
+
+// With a cluster token, the owner proves in its attach reply which engine it is, and the initiator
+// checks that against the descriptor: a token holder that publishes a descriptor of its own with
+// another engine's ucx address and rkey (an alias of that engine's memory) leads no write there.
+TEST(UcxAuthTest, AnAttachReachesOnlyTheEngineTheDescriptorNames) {
+  const std::string token = "ucx-test-token";
+  std::unique_ptr<TransferEngine> victim = CreateEngine("ucx", "", token);
+  std::unique_ptr<TransferEngine> writer = CreateEngine("ucx", "", token);
+  ASSERT_TRUE(victim && writer);
+  auto memory = victim->AllocateSegmentMemory(1 << 20);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  std::memset((*memory)->data(), 0x11, (*memory)->size());
+  ASSERT_TRUE(victim->RegisterSegment("kv", *memory).ok());
+  SegmentDescriptor real = victim->ListSegments().at(0);
+
+  // The honest descriptor works, and the route is ucx.
+  auto handle = writer->OpenSegment(real);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  std::vector<uint8_t> buf(4096, 0x22);
+  ASSERT_TRUE(Transfer(*writer, TransferOp::kWrite, buf.data(), *handle, 0, buf.size()).ok());
+  EXPECT_EQ(static_cast<uint8_t*>((*memory)->data())[0], 0x22);
+
+  // The alias: the attacker's engine id (and its own host and address), the victim's ucx blob.
+  std::unique_ptr<TransferEngine> attacker = CreateEngine("ucx", "", token);
+  ASSERT_TRUE(attacker);
+  SegmentDescriptor alias = real;
+  alias.engine_id = attacker->id();
+  alias.address = attacker->address();
+  alias.name = "alias";
+  auto refused = writer->OpenSegment(alias);
+  ASSERT_FALSE(refused.ok()) << "an alias of another engine's memory was opened";
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_NE(refused.status().message().find("did not prove"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(static_cast<uint8_t*>((*memory)->data())[4096], 0x11) << "the victim's bytes";
+
+  // An owner without the token cannot answer for one that has it.
+  std::unique_ptr<TransferEngine> tokenless = CreateEngine("ucx");
+  ASSERT_TRUE(tokenless);
+  auto other = tokenless->AllocateSegmentMemory(1 << 20);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(tokenless->RegisterSegment("kv", *other).ok());
+  auto unproven = writer->OpenSegment(tokenless->ListSegments().at(0));
+  ASSERT_FALSE(unproven.ok());
+  EXPECT_EQ(unproven.status().code(), StatusCode::kPermissionDenied) << unproven.status();
+  // The honest handle still works.
+  ASSERT_TRUE(Transfer(*writer, TransferOp::kRead, buf.data(), *handle, 0, buf.size()).ok());
 }
 
 TEST(UcxPeerTest, DestroyedPeerFailsItsSlicesAndOthersKeepWorking) {

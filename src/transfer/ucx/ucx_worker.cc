@@ -34,7 +34,18 @@ std::string PeerName::ToString() const {
   return "engine " + engine_id + " (host " + host_id + ", " + address + ")";
 }
 
+std::array<uint8_t, 32> internal::AttachProof(std::string_view cluster_token,
+                                              const std::array<uint8_t, 32>& nonce,
+                                              std::string_view owner_engine_id, uint64_t segment_id,
+                                              uint64_t exported) {
+  MacInput input("larder-ucx-attach-v1");
+  input.Add(nonce.data(), nonce.size()).Add(owner_engine_id).Add(segment_id).Add(exported);
+  return input.Sign(cluster_token);
+}
+
 struct UcxWorker::Impl {
+  std::string engine_id;
+  std::string cluster_token;  // empty: no proofs
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   std::string own_address;
@@ -270,7 +281,11 @@ struct UcxWorker::Impl {
       return UCS_OK;
     }
     auto it = impl->exports.find(msg.segment_id);
-    ReplyMsg reply{msg.token, it == impl->exports.end() ? 0u : 1u};
+    ReplyMsg reply{msg.token, it == impl->exports.end() ? 0u : 1u, {}};
+    if (!impl->cluster_token.empty()) {
+      reply.proof = AttachProof(impl->cluster_token, msg.nonce, impl->engine_id, msg.segment_id,
+                                reply.exported);
+    }
     if (it != impl->exports.end()) {
       it->second.attached[msg.token] =
           impl->PeerFor(std::string(static_cast<const char*>(data), length));
@@ -288,6 +303,18 @@ struct UcxWorker::Impl {
     auto it = impl->keys.find(msg.token);
     if (it == impl->keys.end() || it->second->state != KeyState::kAttaching) return UCS_OK;
     Key* key = it->second.get();
+    if (!impl->cluster_token.empty()) {
+      const std::array<uint8_t, 32> expected = AttachProof(
+          impl->cluster_token, key->nonce, key->owner.engine_id, key->segment_id, msg.exported);
+      if (!DigestEqual(expected.data(), msg.proof.data())) {
+        impl->Revoke(key, PermissionDeniedError(
+                              "the ucx worker at the address of segment '" + key->owner.segment +
+                              "' did not prove it is " + key->owner.ToString() +
+                              ": the descriptor points at another engine's memory, or the peer "
+                              "lacks the cluster token"));
+        return UCS_OK;
+      }
+    }
     if (msg.exported == 1) {
       key->state = KeyState::kReady;
       for (Op* op : key->waiting) {
@@ -387,7 +414,8 @@ struct UcxWorker::Impl {
     }
     key->generation = peer->generation;
     key->state = KeyState::kAttaching;
-    AttachMsg msg{key->token, key->segment_id};
+    RandomBytes(key->nonce.data(), key->nonce.size());
+    AttachMsg msg{key->token, key->segment_id, key->nonce};
     if (!SendAm(peer->ep, kAmAttach, Bytes(msg), own_address, true)) {
       return UnavailableError("ucx cannot send to " + key->owner.ToString());
     }
@@ -651,8 +679,11 @@ thread_local UcxWorker::Impl* UcxWorker::Impl::current = nullptr;
 
 UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const std::string& engine_id, bool rdma_only) {
+Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const std::string& engine_id, bool rdma_only,
+                                                     std::string cluster_token) {
   auto impl = std::make_unique<Impl>();
+  impl->engine_id = engine_id;
+  impl->cluster_token = std::move(cluster_token);
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return UnavailableError("ucx configuration: " + UcsText(status));

@@ -56,9 +56,13 @@ class UcxWorker {
  public:
   // Reads the UCX configuration from the environment (UCX_TLS, UCX_NET_DEVICES, ...), creates the
   // context (RMA, AM, wakeup) and worker, and starts the worker thread. With `rdma_only` and no
-  // UCX_TLS, UCX's tcp lanes stay closed. Unavailable with UCX's status when UCX cannot start.
+  // UCX_TLS, UCX's tcp lanes stay closed. With a `cluster_token`, every attach reply carries the
+  // owner's proof of the engine id it answers for, which the initiator checks against the
+  // segment's descriptor (see internal::AttachProof). Unavailable with UCX's status when UCX
+  // cannot start.
   static Result<std::shared_ptr<UcxWorker>> Create(const std::string& engine_id,
-                                                   bool rdma_only = false);
+                                                   bool rdma_only = false,
+                                                   std::string cluster_token = {});
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;

@@ -6,7 +6,9 @@
 
 #include <ucp/api/ucp.h>
 
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -16,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/mutex.h"
@@ -35,11 +38,25 @@ constexpr unsigned kAmDetach = 45;
 struct AttachMsg {
   uint64_t token;
   uint64_t segment_id;
-};  // followed (as AM data) by the initiator's worker address
+  std::array<uint8_t, 32> nonce;  // fresh per attach: what the owner's proof answers
+};                                // followed (as AM data) by the initiator's worker address
 struct ReplyMsg {
   uint64_t token;
   uint64_t exported;  // 1: attached; 0: the segment is not exported
+  // With a cluster token: AttachProof(token, nonce, the owner's engine id, segment, exported);
+  // zeros without one.
+  std::array<uint8_t, 32> proof;
 };
+
+// The owner's proof in a reply: HMAC-SHA256 under the cluster token of "larder-ucx-attach-v1",
+// the attach's nonce, the owner's engine id, the segment id and the answer. The initiator checks
+// it against the engine id of the segment's descriptor, so a descriptor that carries another
+// engine's ucx address (a token holder's alias of someone else's memory) is refused, and no one
+// without the token can answer for an owner.
+std::array<uint8_t, 32> AttachProof(std::string_view cluster_token,
+                                    const std::array<uint8_t, 32>& nonce,
+                                    std::string_view owner_engine_id, uint64_t segment_id,
+                                    uint64_t exported);
 struct RevokeMsg {
   uint64_t token;
   uint64_t revoke_id;
@@ -137,6 +154,7 @@ struct Key {
   uint64_t inflight = 0;                              // of which issued to UCX
   std::vector<uint64_t> acks;                         // revocations to ack once inflight is 0
   std::shared_ptr<std::promise<Status>> attach_done;  // while Attach waits
+  std::array<uint8_t, 32> nonce{};                    // of the last attach sent
 };
 
 enum class OpPlace { kNew, kWaiting, kQueued, kIssued };
