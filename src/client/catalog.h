@@ -47,6 +47,12 @@ class SegmentCatalog {
   // bytes it had when the entry was added; returns how many.
   size_t Fill(proto::SegmentInfo* segment);
 
+  // This process wrote `size` bytes of `key` at `offset` of its own segment: their identity is
+  // read now, while they are likely still in this core's cache, and used by that key's coming ADD
+  // instead of reading the range again (an ADD of another key or size there reads it). At most
+  // kMaxNoted are kept. No-op for a catalog that does not verify.
+  void Note(uint64_t offset, std::string_view key, uint64_t size);
+
   // A new master segment (a mount): numbering restarts. The entries stay until the master's
   // first reply replaces them (reset), so that a second failover before that loses nothing.
   void Restart();
@@ -71,10 +77,18 @@ class SegmentCatalog {
   // The identity of `size` bytes at `offset`, or nullopt when they are not inside memory_.
   std::optional<uint64_t> IdentityOf(uint64_t offset, uint64_t size) const;
 
+  struct Noted {
+    std::string key;
+    uint64_t size = 0;
+    uint64_t identity = 0;
+  };
+  static constexpr size_t kMaxNoted = 1 << 16;
+
   const std::span<const uint8_t> memory_;
   const uint64_t seed_;
   mutable Mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_ LARDER_GUARDED_BY(mu_);  // by offset
+  std::unordered_map<uint64_t, Noted> noted_ LARDER_GUARDED_BY(mu_);    // by offset
   uint64_t seq_ LARDER_GUARDED_BY(mu_) = 0;
   uint64_t incarnation_ LARDER_GUARDED_BY(mu_) = 0;
 };

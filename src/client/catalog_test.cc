@@ -145,6 +145,26 @@ TEST(SegmentCatalogTest, AVerifyingCatalogReportsOnlyEntriesWhoseBytesAreTheirOw
   EXPECT_EQ(Reported(catalog).size(), 1u);
 }
 
+// What this process wrote into its own segment is hashed at the write (Note) and used by that
+// key's ADD; an ADD of another key or size at the offset reads the range itself.
+TEST(SegmentCatalogTest, AnAddUsesTheIdentityNotedAtTheWriteOnlyForTheSameKeyAndSize) {
+  std::vector<uint8_t> memory(4096, 0x33);
+  SegmentCatalog catalog(memory);
+  catalog.Note(0, "noted", 1024);
+  catalog.Note(1024, "noted-too", 1024);
+  // The bytes change after the notes: an identity taken at the note no longer matches them, one
+  // read at the ADD does.
+  std::fill(memory.begin(), memory.begin() + 2048, uint8_t{0x44});
+  proto::SegmentCatalogChanges changes;
+  *changes.add_changes() = Change(1, proto::CatalogChange::ADD, "noted", 0, 1024);
+  *changes.add_changes() = Change(2, proto::CatalogChange::ADD, "another", 1024, 1024);
+  ASSERT_TRUE(catalog.Apply(changes, 1).ok());
+  proto::SegmentInfo segment;
+  EXPECT_EQ(catalog.Fill(&segment), 1u) << "the noted identity was used for 'noted'";
+  ASSERT_EQ(segment.catalog_size(), 1);
+  EXPECT_EQ(segment.catalog(0).key(), "another");
+}
+
 TEST(SegmentCatalogTest, ACatalogWithoutMemoryReportsWhatTheMasterSaid) {
   SegmentCatalog catalog;
   EXPECT_FALSE(catalog.verifies());

@@ -68,6 +68,10 @@ class MasterSession {
   // The master's id of this client's segment (0: none).
   uint64_t segment_id() const;
   const SegmentCatalog& catalog() const { return catalog_; }
+  // This process wrote an object into its own segment (see SegmentCatalog::Note).
+  void NoteWritten(uint64_t offset, std::string_view key, uint64_t size) {
+    catalog_.Note(offset, key, size);
+  }
 
  private:
   // One MountSegments call; the reply is left in `reply` (for a refusal's holder).

@@ -724,6 +724,18 @@ class StoreClientImpl final : public StoreClient {
         }
       }
     }
+    // What went into this client's own segment is hashed for its catalog while still in cache.
+    if (session_ && session_->catalog().verifies()) {
+      const uint64_t own = session_->segment_id();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (!started[i] || !results[i].ok()) continue;
+        for (const proto::Replica& replica : reply.results(static_cast<int>(i)).replicas()) {
+          if (replica.segment_id() == own) {
+            session_->NoteWritten(replica.offset(), MasterKey(keys[i]), sizes[i]);
+          }
+        }
+      }
+    }
     // One RPC commits the written objects, one abandons the failed ones.
     proto::BatchKeysRequest end, revoke;
     std::vector<size_t> ended;
