@@ -41,16 +41,20 @@ Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64
     for (uint64_t offset : added) {
       auto it = entries_.find(offset);
       if (it == entries_.end() || it->second.has_identity) continue;
-      if (auto noted = noted_.find(offset); noted != noted_.end()) {
-        const bool same =
-            noted->second.key == it->second.key && noted->second.size == it->second.size;
-        const uint64_t identity = noted->second.identity;
-        noted_.erase(noted);
-        if (same) {
-          it->second.has_identity = true;
-          it->second.identity = identity;
-          continue;
+      std::optional<uint64_t> noted_identity;
+      {
+        MutexLock noted_lock(noted_mu_);
+        if (auto noted = noted_.find(offset); noted != noted_.end()) {
+          if (noted->second.key == it->second.key && noted->second.size == it->second.size) {
+            noted_identity = noted->second.identity;
+          }
+          noted_.erase(noted);
         }
+      }
+      if (noted_identity) {
+        it->second.has_identity = true;
+        it->second.identity = *noted_identity;
+        continue;
       }
       const std::optional<uint64_t> identity = IdentityOf(offset, it->second.size);
       it->second.has_identity = identity.has_value();
@@ -133,7 +137,7 @@ size_t SegmentCatalog::Fill(proto::SegmentInfo* segment) {
 void SegmentCatalog::Note(uint64_t offset, std::string_view key, uint64_t size) {
   const std::optional<uint64_t> identity = IdentityOf(offset, size);  // outside the lock
   if (!identity) return;
-  MutexLock lock(mu_);
+  MutexLock lock(noted_mu_);
   if (noted_.size() >= kMaxNoted) noted_.clear();  // puts whose ADD never came (revoked, failed)
   noted_[offset] = Noted{std::string(key), size, *identity};
 }

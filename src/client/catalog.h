@@ -88,7 +88,10 @@ class SegmentCatalog {
   const uint64_t seed_;
   mutable Mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_ LARDER_GUARDED_BY(mu_);  // by offset
-  std::unordered_map<uint64_t, Noted> noted_ LARDER_GUARDED_BY(mu_);    // by offset
+  // Its own lock (taken under mu_, never the other way), so that a put noting its write never
+  // waits for an Apply that is hashing under mu_.
+  mutable Mutex noted_mu_;
+  std::unordered_map<uint64_t, Noted> noted_ LARDER_GUARDED_BY(noted_mu_);  // by offset
   uint64_t seq_ LARDER_GUARDED_BY(mu_) = 0;
   uint64_t incarnation_ LARDER_GUARDED_BY(mu_) = 0;
 };

@@ -21,8 +21,12 @@ std::shared_ptr<const EngineKey> EngineKey::Generate() {
 EngineKey::EngineKey(EVP_PKEY* key) : key_(key) {
   size_t length = kEngineKeyBytes;
   public_key_.resize(length);
-  EVP_PKEY_get_raw_public_key(key_, reinterpret_cast<unsigned char*>(public_key_.data()), &length);
-  public_key_.resize(length);
+  if (EVP_PKEY_get_raw_public_key(key_, reinterpret_cast<unsigned char*>(public_key_.data()),
+                                  &length) != 1 ||
+      length != kEngineKeyBytes) {
+    std::fprintf(stderr, "larder: OpenSSL cannot export an Ed25519 public key\n");
+    std::abort();
+  }
 }
 
 EngineKey::~EngineKey() { EVP_PKEY_free(key_); }

@@ -444,7 +444,6 @@ TEST(MasterAuthTest, AnEngineIdOpensASessionOnlyWithThatEnginesKey) {
   StoreClientOptions options;
   options.master_address = server->address();
   options.auth_token = kToken;
-  options.global_segment_size = 1 << 20;
   auto store = StoreClient::Create(options);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_FALSE(ClaimedFingerprint((*store)->client_id()).empty()) << (*store)->client_id();
