@@ -298,6 +298,12 @@ int main(int argc, char** argv) {
   dep->add_option("--pd-timeout-ms", deployment.pd_timeout_ms, "deadline of one PD request")
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
+  dep->add_option("--pd-rate", deployment.pd_rate,
+                  "PD requests per second the decode starts on a fixed schedule, like a decode "
+                  "admitting requests; latency counts from each request's start time, so a slow "
+                  "pull delays the ones due behind it (0: back to back)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   dep->add_option("--store-protocol", deployment_protocols,
                   "comma list of LARDER_STORE_PROTOCOL values for the prefills, one run each "
                   "(tcp: the NIC-style hairpin the RFC suffered)")
@@ -505,6 +511,8 @@ int main(int argc, char** argv) {
   dd->add_option("--pd-page-size", deployment_decode.pd_page_size, "bytes per page")
       ->transform(ByteSize());
   dd->add_option("--timeout-ms", deployment_decode_timeout_ms, "deadline of one request");
+  dd->add_option("--rate", deployment_decode.rate, "requests per second (0: back to back)")
+      ->check(CLI::NonNegativeNumber);
   dd->add_flag("--json", deployment_worker_json, "accepted; lines are JSON anyway");
 
   CLI11_PARSE(app, argc, argv);

@@ -61,6 +61,23 @@ enum class EngineRole {
   kStore,       // The store client's engine: LARDER_STORE_PROTOCOL, else LARDER_PROTOCOL.
 };
 
+// How a batch shares the host with other transfer work (docs/transfer-engine.md, "Traffic
+// classes"). Latency work is what a request waits on (PD pulls); bulk work is throughput (the
+// store's puts and gets). Bulk work yields to latency work: the two never share a tcp connection
+// (so a PD request never waits behind a store window), the threads that serve and copy bulk work
+// run at a lower scheduling priority (nice +10), latency threads at a higher one where the process
+// may (nice -5), and bulk copies on the CPU routes run in bounded chunks that step aside while
+// latency work of the process is running.
+enum class TrafficClass : uint8_t {
+  kDefault,  // the engine's class: TransferEngineOptions::traffic_class
+  kLatency,
+  kBulk,
+};
+// "default", "latency", "bulk".
+LARDER_EXPORT std::string_view TrafficClassName(TrafficClass traffic_class);
+// Parses "latency" or "bulk". InvalidArgument otherwise.
+LARDER_EXPORT Result<TrafficClass> ParseTrafficClass(std::string_view name);
+
 // A route is named by the transport that carries it: "local", "shm", "tcp", "device", "ucx", or
 // whatever transport a build registers (docs/transfer-engine.md lists them). A default-constructed
 // route is "none". Names are at most 15 bytes and stored inline, so a RouteKind is as cheap to
@@ -154,8 +171,12 @@ struct LARDER_EXPORT SegmentDescriptor {
 };
 
 struct LARDER_EXPORT TransferEngineOptions {
-  // Which protocol variable applies when `protocol` is empty.
+  // Which protocol variable applies when `protocol` is empty, and the default traffic class.
   EngineRole role = EngineRole::kStandalone;
+  // The class of this engine's batches (see TrafficClass). kDefault: LARDER_TRAFFIC_CLASS
+  // ("latency" or "bulk"), else latency for kStandalone (PD) engines and bulk for kStore engines.
+  // Create fails with InvalidArgument for another LARDER_TRAFFIC_CLASS.
+  TrafficClass traffic_class = TrafficClass::kDefault;
   // "auto" (local, then shm, then ucx where built, then tcp), one transport's name ("local", "shm",
   // "ucx", "tcp", "device"), or a comma list such as "shm,tcp" or "device,tcp". Routes are tried
   // in the registry's preference order whatever the order of the list. "auto" never includes
@@ -189,7 +210,7 @@ struct LARDER_EXPORT TransferEngineOptions {
   size_t copy_threads = 0;
   // Same-host batches up to this many bytes are copied inside Submit.
   size_t inline_copy_bytes = 256 * 1024;
-  // TCP connections kept per peer; slices are spread over them.
+  // TCP connections kept per peer and traffic class; slices are spread over them.
   size_t tcp_connections_per_peer = 4;
   // Requests are cut into slices of at most this size (pipelining and retry unit). Must be in
   // (0, 64 MiB]; Create fails with InvalidArgument otherwise.
@@ -377,9 +398,15 @@ class LARDER_EXPORT TransferEngine {
   // Fails as a whole only for an empty or oversized batch (InvalidArgument) or when
   // BatchTable's limit of 65536 unreleased batches is reached (ResourceExhausted).
   // REQUIRES: local buffers stay valid and untouched until the batch is complete.
-  virtual Result<BatchId> Submit(
-      std::span<const TransferRequest> requests,
-      std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
+  Result<BatchId> Submit(std::span<const TransferRequest> requests,
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    return Submit(requests, timeout, TrafficClass::kDefault);
+  }
+  // The same, as `traffic_class` work (kDefault: the engine's class).
+  virtual Result<BatchId> Submit(std::span<const TransferRequest> requests,
+                                 std::chrono::milliseconds timeout, TrafficClass traffic_class) = 0;
+  // The class of this engine's batches, resolved (never kDefault).
+  virtual TrafficClass traffic_class() const = 0;
   // True when every request of the batch has finished. NotFound for unknown ids.
   virtual Result<bool> Poll(BatchId batch) = 0;
   // Blocks until the batch is complete (OK) or `timeout` passes (DeadlineExceeded; the batch keeps

@@ -3,12 +3,14 @@
 
 #include <pthread.h>
 
+#include "common/priority.h"
+
 namespace larder {
 
-ThreadPool::ThreadPool(size_t threads, std::string name) {
+ThreadPool::ThreadPool(size_t threads, std::string name, int nice_increment) {
   if (threads == 0) threads = 1;
   for (size_t i = 0; i < threads; ++i) {
-    workers_.emplace_back([this] { Run(); });
+    workers_.emplace_back([this, nice_increment] { Run(nice_increment); });
     std::string thread_name = (name + std::to_string(i)).substr(0, 15);
     pthread_setname_np(workers_.back().native_handle(), thread_name.c_str());
   }
@@ -31,7 +33,8 @@ void ThreadPool::Schedule(std::function<void()> task) {
   cv_.Signal();
 }
 
-void ThreadPool::Run() {
+void ThreadPool::Run(int nice_increment) {
+  if (nice_increment > 0) LowerThisThreadPriority(nice_increment);
   for (;;) {
     std::function<void()> task;
     {

@@ -17,8 +17,9 @@ namespace larder {
 
 class ThreadPool {
  public:
-  // Starts `threads` workers (at least 1), named `name` for debuggers.
-  ThreadPool(size_t threads, std::string name);
+  // Starts `threads` workers (at least 1), named `name` for debuggers, each with `nice_increment`
+  // added to its nice value (common/priority.h; 0: as the creating thread).
+  ThreadPool(size_t threads, std::string name, int nice_increment = 0);
   // Runs every task already queued, then joins the workers.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -30,7 +31,7 @@ class ThreadPool {
   size_t idle() const { return idle_.load(std::memory_order_relaxed); }
 
  private:
-  void Run();
+  void Run(int nice_increment);
 
   Mutex mu_;
   CondVar cv_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/priority.h"
 #include "common/thread_pool.h"
 #include "transfer/transport.h"
 
@@ -23,6 +24,25 @@ namespace larder::transfer {
 
 // Smallest stripe handed to a pool thread; smaller ones cost more in hand-off than they gain.
 inline constexpr uint64_t kMinStripeBytes = 256 * 1024;
+
+// Runs copy(s, begin, length) as the slice's traffic class asks (common/priority.h): a latency
+// slice in one call, marked as latency work of the process; a bulk slice in chunks of at most
+// kBulkCopyChunk, stepping aside after each while latency work runs.
+template <typename CopyFn>
+Status CopyPiece(CopyFn& copy, Slice* s, uint64_t begin, uint64_t length) {
+  if (s->latency) {
+    LatencyWorkScope latency;
+    return copy(s, begin, length);
+  }
+  for (uint64_t done = 0; done < length;) {
+    uint64_t n = std::min(length - done, kBulkCopyChunk);
+    Status st = copy(s, begin + done, n);
+    if (!st.ok()) return st;
+    done += n;
+    YieldToLatencyWork();
+  }
+  return Status();
+}
 
 // copy(Slice*, begin, length) -> Status moves bytes [begin, begin + length) of one slice. It must
 // be safe to call concurrently from any thread. It is destroyed before the last slice is reported,
@@ -45,8 +65,10 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
     Status last;
     {
       CopyFn fn(std::move(copy));
-      for (Slice* s : slices.first(slices.size() - 1)) done->OnSliceDone(s, fn(s, 0, s->length));
-      last = fn(slices.back(), 0, slices.back()->length);
+      for (Slice* s : slices.first(slices.size() - 1)) {
+        done->OnSliceDone(s, CopyPiece(fn, s, 0, s->length));
+      }
+      last = CopyPiece(fn, slices.back(), 0, slices.back()->length);
     }
     done->OnSliceDone(slices.back(), last);
     return;
@@ -93,7 +115,7 @@ void ExecuteCopies(ThreadPool* pool, uint64_t inline_bytes, std::span<Slice* con
   auto run = [shared, done](const std::vector<Piece>& task) {
     for (const Piece& p : task) {
       Slice* s = shared->slices[p.slice];
-      Status st = (*shared->copy)(s, p.begin, p.length);
+      Status st = CopyPiece(*shared->copy, s, p.begin, p.length);
       if (!st.ok()) {
         MutexLock lock(shared->mu);
         if (shared->status[p.slice].ok()) shared->status[p.slice] = st;

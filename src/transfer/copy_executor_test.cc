@@ -87,12 +87,12 @@ TEST_P(ExecuteCopiesTest, CopiesEveryByteReportsEachSliceOnceAndLetsGoOfTheCopyF
                 [hold = std::move(hold), &segment, &copied, &slices, &threads_mu, &threads](
                     Slice* s, uint64_t begin, uint64_t length) -> Status {
                   (void)hold;
-                  copied.fetch_add(length);
                   {
                     MutexLock lock(threads_mu);
                     threads.insert(std::this_thread::get_id());
                   }
                   if (s == &slices[3]) return DataLossError("slice 3 fails");
+                  copied.fetch_add(length);
                   CopySliceRange(*s, segment.data(), begin, length);
                   return Status();
                 });
@@ -100,7 +100,8 @@ TEST_P(ExecuteCopiesTest, CopiesEveryByteReportsEachSliceOnceAndLetsGoOfTheCopyF
   ASSERT_TRUE(testutil::WaitUntil([&] { return reports.reported().size() >= kSlices; }, 10s));
   std::vector<Reports::Report> reported = reports.reported();
   ASSERT_EQ(reported.size(), static_cast<size_t>(kSlices));
-  EXPECT_EQ(copied.load(), kSlices * c.slice_bytes);
+  // Every byte of the slices that succeed, each once (a failed piece ends its slice's copy).
+  EXPECT_EQ(copied.load(), (kSlices - 1) * c.slice_bytes);
   EXPECT_TRUE(reported.back().hold_gone) << "the copy function outlived the last report";
   {
     MutexLock lock(threads_mu);
@@ -132,6 +133,57 @@ INSTANTIATE_TEST_SUITE_P(Paths, ExecuteCopiesTest,
                          ::testing::Values(Case{"InLine", false, 64 * kKiB},
                                            Case{"Striped", true, 3 * kMiB}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// A bulk slice is copied in pieces of at most kBulkCopyChunk; a latency slice in one piece, marked
+// as latency work of the process while it is copied.
+TEST(ExecuteCopiesClassTest, BulkCopiesInBoundedChunksLatencyInOnePiece) {
+  constexpr uint64_t kBytes = 3 * kMiB + 5;
+  std::vector<uint8_t> segment(kBytes), bulk_local(kBytes), latency_local(kBytes);
+  testutil::FillPattern(segment.data(), segment.size(), 11);
+  Slice bulk, latency;
+  for (Slice* s : {&bulk, &latency}) {
+    s->op = TransferOp::kRead;
+    s->length = kBytes;
+  }
+  bulk.local = bulk_local.data();
+  latency.local = latency_local.data();
+  latency.latency = true;
+  struct Piece {
+    Slice* slice;
+    uint64_t length;
+    bool latency_running;
+  };
+  std::vector<Piece> pieces;
+  Reports reports{std::weak_ptr<int>()};
+  Slice* both[] = {&bulk, &latency};
+  ExecuteCopies(nullptr, 64 * kKiB, both, &reports,
+                [&](Slice* s, uint64_t begin, uint64_t length) -> Status {
+                  pieces.push_back({s, length, LatencyWorkScope::Running()});
+                  CopySliceRange(*s, segment.data(), begin, length);
+                  return Status();
+                });
+  ASSERT_EQ(reports.reported().size(), 2u);
+  uint64_t bulk_bytes = 0;
+  size_t bulk_pieces = 0, latency_pieces = 0;
+  for (const Piece& p : pieces) {
+    if (p.slice == &bulk) {
+      EXPECT_LE(p.length, kBulkCopyChunk);
+      EXPECT_FALSE(p.latency_running);
+      bulk_bytes += p.length;
+      ++bulk_pieces;
+    } else {
+      EXPECT_EQ(p.length, kBytes);
+      EXPECT_TRUE(p.latency_running);
+      ++latency_pieces;
+    }
+  }
+  EXPECT_EQ(bulk_bytes, kBytes);
+  EXPECT_EQ(bulk_pieces, (kBytes + kBulkCopyChunk - 1) / kBulkCopyChunk);
+  EXPECT_EQ(latency_pieces, 1u);
+  EXPECT_FALSE(LatencyWorkScope::Running());
+  EXPECT_EQ(std::memcmp(bulk_local.data(), segment.data(), kBytes), 0);
+  EXPECT_EQ(std::memcmp(latency_local.data(), segment.data(), kBytes), 0);
+}
 
 }  // namespace
 }  // namespace larder::transfer

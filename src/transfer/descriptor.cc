@@ -60,6 +60,25 @@ std::string EngineStats::ToJson() const {
       .dump();
 }
 
+std::string_view TrafficClassName(TrafficClass traffic_class) {
+  switch (traffic_class) {
+    case TrafficClass::kLatency:
+      return "latency";
+    case TrafficClass::kBulk:
+      return "bulk";
+    case TrafficClass::kDefault:
+      break;
+  }
+  return "default";
+}
+
+Result<TrafficClass> ParseTrafficClass(std::string_view name) {
+  if (name == "latency") return TrafficClass::kLatency;
+  if (name == "bulk") return TrafficClass::kBulk;
+  return InvalidArgumentError("traffic class '" + std::string(name) +
+                              "' is not one of: latency, bulk");
+}
+
 std::string ResolveProtocol(EngineRole role, const std::string& configured) {
   if (!configured.empty()) return configured;
   if (role == EngineRole::kStore) {

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/net.h"
+#include "common/priority.h"
 #include "common/thread_pool.h"
 #include "transfer/batch.h"
 #include "transfer/bootstrap.h"
@@ -144,8 +145,10 @@ class Engine final : public TransferEngine, public SliceCallback {
   Result<RouteKind> SegmentRoute(SegmentHandle handle) const override;
   Result<SegmentDescriptor> SegmentInfo(SegmentHandle handle) const override;
 
+  using TransferEngine::Submit;
   Result<BatchId> Submit(std::span<const TransferRequest> requests,
-                         std::chrono::milliseconds timeout) override;
+                         std::chrono::milliseconds timeout, TrafficClass traffic_class) override;
+  TrafficClass traffic_class() const override { return context_.traffic_class; }
   Result<bool> Poll(BatchId batch) override;
   Status Wait(BatchId batch, std::chrono::milliseconds timeout) override;
   Result<std::vector<TransferResult>> Results(BatchId batch) override;
@@ -270,9 +273,22 @@ Status Engine::Init() {
   if (options_.slice_bytes > (64ULL << 20)) {
     return InvalidArgumentError("slice_bytes must be at most 64 MiB");
   }
+  context_.traffic_class = options_.traffic_class;
+  if (context_.traffic_class == TrafficClass::kDefault) {
+    if (std::string env = GetEnv("LARDER_TRAFFIC_CLASS"); !env.empty()) {
+      auto parsed = ParseTrafficClass(env);
+      if (!parsed.ok()) return parsed.status().WithContext("LARDER_TRAFFIC_CLASS");
+      context_.traffic_class = *parsed;
+    } else {
+      context_.traffic_class =
+          options_.role == EngineRole::kStore ? TrafficClass::kBulk : TrafficClass::kLatency;
+    }
+  }
   size_t threads = options_.copy_threads;
   if (threads == 0) threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 4);
-  copy_pool_ = std::make_unique<ThreadPool>(threads, "larder-copy");
+  // A bulk engine's copy threads give way to the latency work of the host.
+  copy_pool_ = std::make_unique<ThreadPool>(
+      threads, "larder-copy", context_.traffic_class == TrafficClass::kBulk ? kBulkNice : 0);
   context_.copy_pool = copy_pool_.get();
 
   LARDER_ASSIGN_OR_RETURN(HostPort listen, ParseHostPort(options_.listen_address));
@@ -294,7 +310,8 @@ Status Engine::Init() {
     names += (names.empty() ? "" : ",") + std::string(t->name());
   }
   server_->Serve();
-  Log().info("engine {} up at {}, routes [{}]", context_.engine_id, context_.engine_address, names);
+  Log().info("engine {} up at {}, routes [{}], {} traffic", context_.engine_id,
+             context_.engine_address, names, TrafficClassName(context_.traffic_class));
   return Status();
 }
 
@@ -540,7 +557,9 @@ Status Engine::ValidateRequest(const TransferRequest& r, const OpenedSegment* se
 }
 
 Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout, TrafficClass traffic_class) {
+  if (traffic_class == TrafficClass::kDefault) traffic_class = context_.traffic_class;
+  const bool latency = traffic_class == TrafficClass::kLatency;
   if (requests.empty()) return InvalidArgumentError("empty batch");
   if (requests.size() > options_.max_batch_requests) {
     return InvalidArgumentError("batch of " + std::to_string(requests.size()) +
@@ -587,6 +606,7 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
       s.offset = r.offset + off;
       s.length = std::min<uint64_t>(options_.slice_bytes, r.length - off);
       s.deadline = deadline;
+      s.latency = latency;
       s.batch = batch;
       s.request = static_cast<uint32_t>(i);
       batch->slices.push_back(s);

@@ -46,6 +46,8 @@ struct EngineContext {
   HugePages huge_pages = HugePages::kOff;  // resolved from options and LARDER_HUGE_PAGES
   SegmentExports* exports = nullptr;
   ThreadPool* copy_pool = nullptr;
+  // The engine's class, resolved (never kDefault); a batch may still ask for the other one.
+  TrafficClass traffic_class = TrafficClass::kLatency;
   // The engine's frame server at engine_address (transfer/wire/server.h): transports that speak
   // the frame protocol (tcp) register their request handlers on it in Start, and are reached at
   // the same port as the bootstrap service.
@@ -67,6 +69,8 @@ struct Slice {
   uint64_t offset = 0;  // inside the segment
   uint64_t length = 0;
   Deadline deadline;
+  // Latency-class work (TrafficClass): transports serve it ahead of bulk work.
+  bool latency = false;
   // Engine bookkeeping: transports must not touch these.
   void* batch = nullptr;
   uint32_t request = 0;

@@ -130,6 +130,21 @@ void ExpectTopology(const json& s) {
   EXPECT_GT(U64(s, "store_ops"), 0u);
   EXPECT_GT(U64(s, "read_bytes"), 0u);
   EXPECT_EQ(U64(s, "verified_bytes"), U64(s, "read_bytes")) << "bytes read but not verified";
+  // The decode paces its pulls at --pd-rate (default 200/s): never faster than the schedule.
+  double rate = s["pd_rate"].get<double>();
+  EXPECT_EQ(rate, 200.0);
+  EXPECT_LE(s["pd_transfers_per_s"].get<double>(), rate * 1.05) << s.dump();
+  for (const char* phase : {"pd_", "pd_idle_"}) {
+    std::string p = phase;
+    double p50 = s[p + "p50_ms"], p99 = s[p + "p99_ms"], p999 = s[p + "p999_ms"];
+    double max = s[p + "max_ms"];
+    EXPECT_GT(p50, 0.0) << p;
+    EXPECT_LE(p50, p99) << p;
+    EXPECT_LE(p99, p999) << p;
+    EXPECT_LE(p999, max) << p;
+  }
+  EXPECT_DOUBLE_EQ(s["pd_p99_loaded_vs_idle"].get<double>(),
+                   s["pd_p99_ms"].get<double>() / s["pd_idle_p99_ms"].get<double>());
 }
 
 // The healthy run under store protocol auto: nothing fails, same-host store traffic is shm.

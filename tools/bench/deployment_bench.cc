@@ -256,7 +256,8 @@ class DeploymentRun {
     }
     for (std::string arg : {std::string("--pd-pages"), std::to_string(options_.pd_pages),
                             std::string("--pd-page-size"), std::to_string(options_.pd_page_size),
-                            std::string("--timeout-ms"), std::to_string(options_.pd_timeout_ms)}) {
+                            std::string("--timeout-ms"), std::to_string(options_.pd_timeout_ms),
+                            std::string("--rate"), std::to_string(options_.pd_rate)}) {
       argv.push_back(arg);
     }
     auto process =
@@ -380,7 +381,8 @@ class DeploymentRun {
     line << " GB) | PD " << Fixed((transfers - last_pd_transfers_) / dt, 0) << "/s "
          << Fixed(Gbps(bytes - last_pd_bytes_, dt), 2) << " GB/s p50 "
          << Fixed(Percentile(window, 50), 2) << " p99 " << Fixed(Percentile(window, 99), 2)
-         << " max " << Fixed(Percentile(window, 100), 2) << " ms | failures ";
+         << " p999 " << Fixed(Percentile(window, 99.9), 2) << " max "
+         << Fixed(Percentile(window, 100), 2) << " ms | failures ";
     json failures = Failures();
     uint64_t total = 0;
     for (const auto& [kind, n] : failures.items()) total += n.get<uint64_t>();
@@ -429,6 +431,7 @@ class DeploymentRun {
         {"transfers_per_s", seconds_long > 0 ? JsonU64(counters, "transfers") / seconds_long : 0},
         {"p50_ms", Percentile(lat, 50)},
         {"p99_ms", Percentile(lat, 99)},
+        {"p999_ms", Percentile(lat, 99.9)},
         {"max_ms", Percentile(lat, 100)},
         {"routes", counters.value("routes", json::object())},
         {"by_prefill", counters.value("by_prefill", json::object())}};
@@ -452,6 +455,7 @@ class DeploymentRun {
     summary["page_size"] = options_.page_size;
     summary["pd_pages"] = options_.pd_pages;
     summary["pd_page_size"] = options_.pd_page_size;
+    summary["pd_rate"] = options_.pd_rate;
 
     json loaded = Pd("loaded", loaded_seconds_);
     json idle = Pd("idle", options_.idle_baseline_s);
@@ -460,6 +464,7 @@ class DeploymentRun {
     summary["pd_gbps"] = loaded["gbps"];
     summary["pd_p50_ms"] = loaded["p50_ms"];
     summary["pd_p99_ms"] = loaded["p99_ms"];
+    summary["pd_p999_ms"] = loaded["p999_ms"];
     summary["pd_max_ms"] = loaded["max_ms"];
     summary["pd_failures"] = loaded["failures"];
     summary["pd_routes"] = loaded["routes"];
@@ -468,7 +473,11 @@ class DeploymentRun {
     summary["pd_idle_gbps"] = idle["gbps"];
     summary["pd_idle_p50_ms"] = idle["p50_ms"];
     summary["pd_idle_p99_ms"] = idle["p99_ms"];
+    summary["pd_idle_p999_ms"] = idle["p999_ms"];
     summary["pd_idle_max_ms"] = idle["max_ms"];
+    // What the store's load does to the decode's tail (0 without an idle baseline).
+    double idle_p99 = idle["p99_ms"].get<double>();
+    summary["pd_p99_loaded_vs_idle"] = idle_p99 > 0 ? loaded["p99_ms"].get<double>() / idle_p99 : 0;
     summary["pd_idle_by_prefill"] = idle["by_prefill"];
 
     uint64_t pd_read = 0, pd_verified = 0;
@@ -572,6 +581,7 @@ class DeploymentRun {
 std::string Bytes(uint64_t bytes) {
   if (bytes >= (1ull << 30)) return Fixed(bytes / double(1ull << 30), 2) + " GiB";
   if (bytes >= (1ull << 20)) return Fixed(bytes / double(1ull << 20), 1) + " MiB";
+  if (bytes >= (1ull << 10) && bytes % 1024 == 0) return std::to_string(bytes >> 10) + " KiB";
   return std::to_string(bytes) + " B";
 }
 
@@ -581,15 +591,23 @@ void PrintSummary(const json& s, std::ostream& out) {
       << (s["netns"].get<bool>() ? "in netns " + s["netns_name"].get<std::string>()
                                  : "in this namespace: " + s["netns_reason"].get<std::string>())
       << ")\n";
+  double rate = s["pd_rate"].get<double>();
+  out << "  PD requests: " << s["pd_pages"] << " x " << Bytes(s["pd_page_size"].get<uint64_t>())
+      << ", " << (rate > 0 ? Fixed(rate, 0) + "/s on a fixed schedule" : "back to back") << "\n";
   out << "  PD, store hammered: " << s["pd_transfers"] << " transfers in "
       << Fixed(s["duration_s"].get<double>(), 1) << " s, " << Fixed(s["pd_gbps"].get<double>(), 2)
       << " GB/s, p50 " << Fixed(s["pd_p50_ms"].get<double>(), 2) << " ms, p99 "
-      << Fixed(s["pd_p99_ms"].get<double>(), 2) << " ms, max "
+      << Fixed(s["pd_p99_ms"].get<double>(), 2) << " ms, p999 "
+      << Fixed(s["pd_p999_ms"].get<double>(), 2) << " ms, max "
       << Fixed(s["pd_max_ms"].get<double>(), 2) << " ms\n";
   out << "  PD, store idle:     " << s["pd_idle_transfers"] << " transfers, "
       << Fixed(s["pd_idle_gbps"].get<double>(), 2) << " GB/s, p50 "
       << Fixed(s["pd_idle_p50_ms"].get<double>(), 2) << " ms, p99 "
-      << Fixed(s["pd_idle_p99_ms"].get<double>(), 2) << " ms\n";
+      << Fixed(s["pd_idle_p99_ms"].get<double>(), 2) << " ms, p999 "
+      << Fixed(s["pd_idle_p999_ms"].get<double>(), 2) << " ms, max "
+      << Fixed(s["pd_idle_max_ms"].get<double>(), 2) << " ms\n";
+  out << "  PD p99 store hammered / idle: " << Fixed(s["pd_p99_loaded_vs_idle"].get<double>(), 2)
+      << "x\n";
   out << "  store: " << s["store_ops"] << " ops (" << s["store_puts"] << " puts, "
       << s["store_gets"] << " verified gets, " << s["store_missing"] << " evicted), "
       << Fixed(s["store_gbps"].get<double>(), 2) << " GB/s; bytes by route:";
@@ -618,7 +636,9 @@ json Comparison(const json& a, const json& b) {
     side[(*s)["store_protocol"].get<std::string>()] = {
         {"pd_gbps", (*s)["pd_gbps"]},
         {"pd_p99_ms", (*s)["pd_p99_ms"]},
+        {"pd_p999_ms", (*s)["pd_p999_ms"]},
         {"pd_idle_p99_ms", (*s)["pd_idle_p99_ms"]},
+        {"pd_p99_loaded_vs_idle", (*s)["pd_p99_loaded_vs_idle"]},
         {"store_gbps", (*s)["store_gbps"]},
         {"same_host_tcp_bytes", (*s)["same_host_tcp_bytes"]},
         {"failures", (*s)["failures"]}};
@@ -637,7 +657,9 @@ void PrintComparison(const json& a, const json& b, std::ostream& out) {
   };
   row("PD GB/s (store hammered)", "pd_gbps", 2);
   row("PD p99 ms (store hammered)", "pd_p99_ms", 2);
+  row("PD p999 ms (store hammered)", "pd_p999_ms", 2);
   row("PD p99 ms (store idle)", "pd_idle_p99_ms", 2);
+  row("PD p99 hammered / idle", "pd_p99_loaded_vs_idle", 2);
   row("store GB/s", "store_gbps", 2);
   table.AddRow({"same-host tcp bytes", std::to_string(a["same_host_tcp_bytes"].get<uint64_t>()),
                 std::to_string(b["same_host_tcp_bytes"].get<uint64_t>())});

@@ -44,6 +44,11 @@ struct DeploymentBenchOptions {
   uint64_t pd_segment_size = 64ull << 20;
   // Deadline of one PD request, milliseconds.
   int pd_timeout_ms = 2000;
+  // PD requests per second the decode starts, like a decode admitting requests at a steady rate:
+  // each waits for its start time and its latency counts from that time, so a slow pull also
+  // delays the requests due behind it. 0: back to back (a closed loop, whose latency then
+  // includes the decode's own load on the link).
+  double pd_rate = 200;
   // LARDER_STORE_PROTOCOL of the prefills, one run each, in order.
   std::vector<std::string> store_protocols = {"auto", "tcp"};
   // Seconds into the loaded phase at which the decode / prefill-1 is killed (SIGKILL). < 0: never.

@@ -476,9 +476,9 @@ class Decode {
     return NotFoundError(target.name + " (" + target.address + ") exports no segment 'pd'");
   }
 
-  // One PD request against `target`: read pd_pages random pages, verify them.
-  void Request(Target& target, std::mt19937_64& rng) {
-    auto start = SteadyClock::now();
+  // One PD request against `target`: read pd_pages random pages, verify them. Its latency counts
+  // from `start`, the time it was due.
+  void Request(Target& target, std::mt19937_64& rng, SteadyClock::time_point start) {
     Status failed = Status::Ok();
     RouteKind route = RouteKind::kNone;
     uint64_t bytes = 0, verified = 0, wrong = 0;  // wrong: pages that failed verification
@@ -556,8 +556,26 @@ class Decode {
 
   void Loop() {
     std::mt19937_64 rng(static_cast<uint64_t>(getpid()));
-    for (size_t i = 0; !stop_.load(); ++i) Request(targets_[i % targets_.size()], rng);
+    const auto interval = std::chrono::duration_cast<SteadyClock::duration>(
+        std::chrono::duration<double>(options_.rate > 0 ? 1.0 / options_.rate : 0.0));
+    SteadyClock::time_point due = SteadyClock::now();
+    for (size_t i = 0; !stop_.load(); ++i) {
+      if (options_.rate > 0) {
+        // Sleep in short steps so that a stop is noticed; a request late behind a slow one
+        // starts at once, and its latency includes the wait.
+        for (auto now = SteadyClock::now(); now < due && !stop_.load(); now = SteadyClock::now()) {
+          std::this_thread::sleep_for(std::min<SteadyClock::duration>(due - now, kStopCheck));
+        }
+        if (stop_.load()) break;
+      } else {
+        due = SteadyClock::now();
+      }
+      Request(targets_[i % targets_.size()], rng, due);
+      due += interval;
+    }
   }
+
+  static constexpr std::chrono::milliseconds kStopCheck{50};
 
   const DeploymentDecodeOptions options_;
   const SteadyClock::time_point start_ = SteadyClock::now();

@@ -26,7 +26,9 @@
 //
 // Decode (`deployment-decode`): a standalone TransferEngine with registered local buffers. For
 // each request it reads `pd_pages` random pages of one prefill's "pd" segment (prefills taken in
-// turn) with a deadline, verifies them and records the latency. A failed request counts under
+// turn) with a deadline, verifies them and records the latency. With a rate, requests start on a
+// fixed schedule and latency counts from the scheduled start (no coordinated omission). A failed
+// request counts under
 // "<prefill>.<status code>" and its message names the prefill. Commands:
 //   {"cmd":"phase", "phase":name}   counters from now on go to this phase (the first is "idle")
 //   {"cmd":"quit"}
@@ -71,6 +73,9 @@ struct DeploymentDecodeOptions {
   uint64_t pd_page_size = 64 * 1024;
   // Deadline of one request.
   std::chrono::milliseconds timeout{2000};
+  // Requests started per second, on a fixed schedule; latency counts from the scheduled start.
+  // 0: back to back.
+  double rate = 0;
 };
 
 // Run the child; return the process exit code.

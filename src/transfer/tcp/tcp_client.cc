@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/priority.h"
 #include "transfer/wire/frame.h"
 
 namespace larder::transfer::tcp {
@@ -27,12 +28,13 @@ Status NotSentInTime(const std::string& peer) {
 }  // namespace
 
 TcpPeer::TcpPeer(HostPort address, std::string engine_id,
-                 std::shared_ptr<const TcpClientConfig> config, size_t connections)
+                 std::shared_ptr<const TcpClientConfig> config, size_t connections, bool latency)
     : address_(std::move(address)),
       engine_id_(std::move(engine_id)),
       config_(std::move(config)),
       name_(address_.ToString()),
-      connections_(std::max<size_t>(1, connections)) {}
+      connections_(std::max<size_t>(1, connections)),
+      latency_(latency) {}
 
 TcpPeer::~TcpPeer() { Stop(); }
 
@@ -40,7 +42,12 @@ void TcpPeer::Enqueue(uint64_t segment_id, std::span<Slice* const> slices, Slice
   {
     MutexLock lock(mu_);
     if (!stopping_) {
-      for (Slice* s : slices) queue_.push_back({s, segment_id, done});
+      for (Slice* s : slices) {
+        // Earliest deadline first. Batches mostly arrive in deadline order, so this rarely moves.
+        auto at = queue_.end();
+        while (at != queue_.begin() && std::prev(at)->slice->deadline > s->deadline) --at;
+        queue_.insert(at, {s, segment_id, done});
+      }
       while (workers_.size() < connections_) workers_.emplace_back([this] { Worker(); });
       cv_.SignalAll();
       return;
@@ -91,6 +98,11 @@ void TcpPeer::RecordSuccess() {
 }
 
 void TcpPeer::Worker() {
+  if (latency_) {
+    RaiseThisThreadPriority();
+  } else {
+    LowerThisThreadPriority(kBulkNice);
+  }
   TcpStream conn;
   std::vector<Job> jobs;
   for (;;) {
@@ -143,6 +155,7 @@ void TcpPeer::RunJobs(TcpStream* conn, std::vector<Job>& jobs) {
     if (now >= s->deadline) continue;
     FrameHeader h;
     h.type = s->op == TransferOp::kRead ? FrameType::kRead : FrameType::kWrite;
+    if (latency_) h.flags = kFlagLatency;
     h.request_id = i;
     h.segment_id = jobs[i].segment_id;
     h.offset = s->offset;

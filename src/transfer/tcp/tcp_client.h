@@ -21,16 +21,19 @@ namespace larder::transfer::tcp {
 using wire::TcpClientConfig;
 using wire::TcpStream;
 
-// A pool of connections to one peer, each served by one thread that pipelines slices: it sends up
-// to kPipelineDepth requests, then reads their replies in order. A peer that cannot be reached is
-// backed off exponentially (100 ms doubling to 5 s); during the backoff its slices fail at once
-// with Unavailable instead of hammering it. Thread-safe.
+// A pool of connections to one peer for one traffic class, each served by one thread that
+// pipelines slices: it sends up to kPipelineDepth requests, then reads their replies in order.
+// Queued slices are taken earliest deadline first. A latency pool's requests carry kFlagLatency;
+// a bulk pool's threads run at bulk priority (common/priority.h). The transport keeps one pool of
+// each class per peer, so a latency request never waits behind a bulk window on a connection. A
+// peer that cannot be reached is backed off exponentially (100 ms doubling to 5 s); during the
+// backoff its slices fail at once with Unavailable instead of hammering it. Thread-safe.
 class TcpPeer {
  public:
   // REQUIRES: config is not null. `engine_id`: the engine the server must prove to be (with a
   // token; see ConnectAndAuthenticate).
   TcpPeer(HostPort address, std::string engine_id, std::shared_ptr<const TcpClientConfig> config,
-          size_t connections);
+          size_t connections, bool latency);
   ~TcpPeer();
 
   const std::string& name() const { return name_; }
@@ -58,6 +61,7 @@ class TcpPeer {
   const std::shared_ptr<const TcpClientConfig> config_;
   const std::string name_;
   const size_t connections_;
+  const bool latency_;
 
   Mutex mu_;
   CondVar cv_;

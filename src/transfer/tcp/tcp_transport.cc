@@ -86,14 +86,20 @@ bool ServeWrite(const SegmentExports& exports, FrameConnection& conn, const Fram
   return stream.SendAll(out, sizeof(out), FrameDeadline()).ok();
 }
 
+// The connection pools to one peer engine: one per traffic class.
+struct TcpPeers {
+  std::shared_ptr<tcp::TcpPeer> latency;
+  std::shared_ptr<tcp::TcpPeer> bulk;
+};
+
 class TcpSegment final : public RemoteSegment {
  public:
-  TcpSegment(SegmentDescriptor descriptor, std::shared_ptr<tcp::TcpPeer> peer)
-      : RemoteSegment(std::move(descriptor)), peer_(std::move(peer)) {}
-  tcp::TcpPeer& peer() { return *peer_; }
+  TcpSegment(SegmentDescriptor descriptor, TcpPeers peers)
+      : RemoteSegment(std::move(descriptor)), peers_(std::move(peers)) {}
+  tcp::TcpPeer& peer(bool latency) { return latency ? *peers_.latency : *peers_.bulk; }
 
  private:
-  std::shared_ptr<tcp::TcpPeer> peer_;
+  TcpPeers peers_;
 };
 
 class TcpTransport final : public Transport {
@@ -119,12 +125,15 @@ class TcpTransport final : public Transport {
   }
 
   void Stop() override {
-    std::map<std::string, std::shared_ptr<tcp::TcpPeer>> peers;
+    std::map<std::string, TcpPeers> peers;
     {
       MutexLock lock(mu_);
       peers.swap(peers_);
     }
-    for (auto& [name, peer] : peers) peer->Stop();
+    for (auto& [name, pools] : peers) {
+      pools.latency->Stop();
+      pools.bulk->Stop();
+    }
   }
 
   Result<std::shared_ptr<MemoryRegion>> Allocate(size_t size, HugePages huge_pages) override {
@@ -153,10 +162,13 @@ class TcpTransport final : public Transport {
     const std::string endpoint = address.ToString() + '/';
     std::string key = endpoint + descriptor.engine_id;
     MutexLock lock(mu_);
-    auto& peer = peers_[key];
-    if (!peer) {
-      peer = std::make_shared<tcp::TcpPeer>(address, descriptor.engine_id, client_config_,
-                                            context_.options->tcp_connections_per_peer);
+    TcpPeers& pools = peers_[key];
+    if (!pools.latency) {
+      for (bool latency : {true, false}) {
+        (latency ? pools.latency : pools.bulk) =
+            std::make_shared<tcp::TcpPeer>(address, descriptor.engine_id, client_config_,
+                                           context_.options->tcp_connections_per_peer, latency);
+      }
       // The pools of earlier engines at this endpoint (a restarted owner) go with the last
       // segment that still uses them.
       for (auto it = peers_.lower_bound(endpoint);
@@ -164,20 +176,30 @@ class TcpTransport final : public Transport {
         it = it->first == key ? std::next(it) : peers_.erase(it);
       }
     }
-    return std::make_shared<TcpSegment>(descriptor, peer);
+    return std::make_shared<TcpSegment>(descriptor, pools);
   }
 
   void Submit(RemoteSegment& segment, std::span<Slice* const> slices,
               SliceCallback* done) override {
     auto& tcp_segment = static_cast<TcpSegment&>(segment);
-    tcp_segment.peer().Enqueue(segment.descriptor().segment_id, slices, done);
+    if (slices.empty()) return;
+    uint64_t id = segment.descriptor().segment_id;
+    // A batch is of one class; slices of the other (none today) go to their own pool.
+    size_t same = 0;
+    while (same < slices.size() && slices[same]->latency == slices[0]->latency) ++same;
+    if (same == slices.size())
+      return tcp_segment.peer(slices[0]->latency).Enqueue(id, slices, done);
+    std::vector<Slice*> latency, bulk;
+    for (Slice* s : slices) (s->latency ? latency : bulk).push_back(s);
+    tcp_segment.peer(true).Enqueue(id, latency, done);
+    tcp_segment.peer(false).Enqueue(id, bulk, done);
   }
 
  private:
   EngineContext context_;
   std::shared_ptr<const tcp::TcpClientConfig> client_config_;  // set by Start
   Mutex mu_;
-  std::map<std::string, std::shared_ptr<tcp::TcpPeer>> peers_ LARDER_GUARDED_BY(mu_);
+  std::map<std::string, TcpPeers> peers_ LARDER_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -25,6 +25,11 @@
 //      server -> client kAuthOk: mac_s over the same fields labelled "larder-tcp-server-v1"; the
 //      client checks it before sending any data frame. A client with a token refuses a hello
 //      without kFlagNeedAuth (the server would not prove the token).
+//
+// Data frames (kRead, kWrite) carry kFlagLatency for latency-class work. A client never mixes the
+// classes on one connection; the server thread of a connection that carries bulk work lowers its
+// own scheduling priority (common/priority.h) and marks latency frames as latency work while it
+// serves them.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +63,8 @@ enum class FrameType : uint8_t {
 // kHello flags.
 inline constexpr uint16_t kFlagNeedAuth = 1;  // the server has a token: both sides prove it
 inline constexpr uint16_t kFlagTls = 2;       // the server requires TLS from the next byte on
+// kRead / kWrite flags.
+inline constexpr uint16_t kFlagLatency = 4;  // latency-class work (TrafficClass); else bulk
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;

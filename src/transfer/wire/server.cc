@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/priority.h"
 #include "transfer/wire/frame.h"
 
 namespace larder::transfer::wire {
@@ -245,6 +246,19 @@ bool FrameServer::HandleFrame(FrameConnection* conn, const uint8_t* raw, AuthSta
                                          " is not a request this engine serves"))
         .IgnoreError();
     return false;  // its payload length cannot be trusted
+  }
+  if (h.type != FrameType::kRead && h.type != FrameType::kWrite) return handler(*conn, h);
+  if ((h.flags & kFlagLatency) != 0) {
+    if (!conn->latency_priority_) {
+      RaiseThisThreadPriority();
+      conn->latency_priority_ = true;
+    }
+    LatencyWorkScope latency;
+    return handler(*conn, h);
+  }
+  if (!conn->bulk_priority_) {
+    LowerThisThreadPriority(kBulkNice);
+    conn->bulk_priority_ = true;
   }
   return handler(*conn, h);
 }

@@ -40,6 +40,8 @@ class FrameConnection {
   TcpStream stream_;
   std::thread thread_;
   std::atomic<bool> done_{false};
+  bool bulk_priority_ = false;
+  bool latency_priority_ = false;  // this connection's thread runs at bulk priority
 };
 
 // Once a frame has started, the rest of it must arrive within this time.

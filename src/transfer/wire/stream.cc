@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -249,6 +250,7 @@ Status TcpStream::WaitForTls(int result, Deadline deadline, const char* what) {
   int error = SSL_get_error(ssl_, result);
   switch (error) {
     case SSL_ERROR_WANT_READ:
+      AckPromptly();
       return WaitForSocket(fd_.get(), POLLIN, deadline, peer_);
     case SSL_ERROR_WANT_WRITE:
       return WaitForSocket(fd_.get(), POLLOUT, deadline, peer_);
@@ -323,9 +325,30 @@ Status TcpStream::SendAllV(iovec* iov, int iovcnt, Deadline deadline) {
   return Status();
 }
 
+void TcpStream::AckPromptly() {
+  int one = 1;
+  setsockopt(fd_.get(), IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+}
+
 Status TcpStream::RecvAll(void* data, size_t len, Deadline deadline) {
-  if (ssl_ == nullptr) return larder::RecvAll(fd_.get(), data, len, deadline, peer_);
+  AckPromptly();
   auto* p = static_cast<uint8_t*>(data);
+  if (ssl_ == nullptr) {
+    while (len > 0) {
+      ssize_t n = recv(fd_.get(), p, len, MSG_DONTWAIT);
+      if (n > 0) {
+        p += n;
+        len -= static_cast<size_t>(n);
+        continue;
+      }
+      if (n == 0) return UnavailableError("peer " + peer_ + " closed the connection");
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return ErrnoToStatus(errno, "recv from " + peer_);
+      AckPromptly();
+      LARDER_RETURN_IF_ERROR(WaitForSocket(fd_.get(), POLLIN, deadline, peer_));
+    }
+    return Status();
+  }
   while (len > 0) {
     ClearErrors();
     size_t got = 0;

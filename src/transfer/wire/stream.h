@@ -99,6 +99,13 @@ class TcpStream {
   // Waits until OpenSSL's last `result` can make progress; the Status of a failed call otherwise.
   Status WaitForTls(int result, Deadline deadline, const char* what);
   Status SendTls(const void* data, size_t len, Deadline deadline);
+  // Delayed ACKs held back the ACKs of multi-segment replies and payloads for up to the 40 ms
+  // delayed-ACK timer while the sender, out of congestion window, waited for them: 40-80 ms in
+  // the p99 of 64 KiB batches over an MTU 1500 link (docs/transfer-engine.md, "Tail latency").
+  // A reader therefore turns them off (TCP_QUICKACK) before it reads and before it waits; the
+  // kernel turns them back on when a send follows a receive closely, which every request and
+  // reply does.
+  void AckPromptly();
 
   Fd fd_;
   std::string peer_;
