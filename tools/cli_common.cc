@@ -69,7 +69,10 @@ Status ReadTokens(const TokenFlags& flags, size_t min_bytes, std::string* auth_t
 
 void AddServiceFlags(CLI::App* app, ServiceFlags* flags, const std::string& service) {
   app->add_option("--log-level", flags->log_level,
-                  "trace, debug, info, warn, error (LARDER_LOG_LEVEL)");
+                  "trace, debug, info, warn, error, critical or off (LARDER_LOG_LEVEL)")
+      ->check(
+          CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "critical", "off"},
+                        CLI::ignore_case));
   app->add_flag("--parent-watch", flags->parent_watch,
                 "also exit when stdin closes (for tools that spawn the " + service + ")")
       ->group("");

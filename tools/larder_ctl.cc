@@ -561,6 +561,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("larder-ctl ") + larder::Version(),
                        "print the version and exit");
   app.require_subcommand(1);
+  // Global flags are taken after the subcommand too ("larder-ctl status --json").
+  app.fallthrough();
   Global global;
   global.master = larder::GetEnv("LARDER_MASTER");
   if (global.master.empty()) global.master = "127.0.0.1:50051";

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <sstream>
 
@@ -22,6 +23,32 @@ std::string RandomClientId() {
   std::string out = "client/";
   for (uint8_t b : bytes) out += fmt::format("{:02x}", b);
   return out;
+}
+
+}  // namespace
+
+namespace {
+
+// "host:port" with a port in 1-65535 (gRPC target forms with a scheme pass as they are). Without a
+// port gRPC would dial 443 and the first call would wait out its whole deadline.
+Status CheckMasterAddress(const std::string& address) {
+  if (address.find(':') != std::string::npos &&
+      (address.starts_with("unix:") || address.starts_with("dns:") ||
+       address.starts_with("ipv4:") || address.starts_with("ipv6:"))) {
+    return Status();
+  }
+  size_t colon = address.rfind(':');
+  std::string_view port =
+      colon == std::string::npos ? std::string_view() : std::string_view(address).substr(colon + 1);
+  unsigned value = 0;
+  auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (colon == 0 || port.empty() || error != std::errc() || end != port.data() + port.size() ||
+      value == 0 || value > 65535) {
+    return InvalidArgumentError("master address '" + address +
+                                "' needs a port: host:port, e.g. 127.0.0.1:50051 (larder-master's "
+                                "default port), or etcd://host:port/cluster for HA");
+  }
+  return Status();
 }
 
 }  // namespace
@@ -50,6 +77,10 @@ MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(opt
     credentials_ = grpc::SslCredentials(tls);
   }
   if (!etcd::IsEtcdAddress(options_.address)) {
+    if (Status address = CheckMasterAddress(options_.address); !address.ok()) {
+      init_status_ = address;
+      return;
+    }
     connection_ = Connect(options_.address);
     return;
   }

@@ -213,5 +213,20 @@ TEST_F(StoreClientApiTest, TenantsAreNamespaces) {
   EXPECT_EQ(StoreClient::Create(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A master address without a port is refused with what to write, not dialed (gRPC alone would
+// dial port 443 and the call would wait out its whole deadline, then say Unavailable).
+TEST(StoreClientAddressTest, AMasterAddressWithoutAPortIsRefusedSayingWhatToWrite) {
+  for (const char* address :
+       {"127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:70000", "localhost:http", ":50051"}) {
+    StoreClientOptions options;
+    options.master_address = address;
+    auto created = StoreClient::Create(options);
+    ASSERT_FALSE(created.ok()) << address;
+    EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument) << created.status();
+    EXPECT_NE(created.status().message().find("needs a port"), std::string::npos)
+        << created.status();
+  }
+}
+
 }  // namespace
 }  // namespace larder

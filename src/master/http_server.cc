@@ -229,6 +229,12 @@ GuardedHttpServer::GuardedHttpServer(HttpServerLimits limits) : limits_(limits) 
   new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   set_keep_alive_max_count(1);
   set_payload_max_length(limits_.max_request_bytes);
+  // cpp-httplib's default sets SO_REUSEPORT, which lets a second master bind the same port and
+  // take half of the requests. SO_REUSEADDR alone still lets a restarted master bind at once.
+  set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
 }
 
 bool GuardedHttpServer::Bind(const std::string& host, int port) {

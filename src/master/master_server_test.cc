@@ -20,6 +20,26 @@ namespace {
 
 using namespace std::string_view_literals;
 
+// A second master on a taken HTTP port fails to start instead of sharing the port (SO_REUSEPORT
+// would hand it every other request), and the first keeps answering alone.
+TEST(MasterServerTest, ASecondMasterCannotShareTheHttpPort) {
+  auto first = MasterServer::Start(LoopbackServerOptions());
+  ASSERT_TRUE(first.ok()) << first.status();
+  MasterServerOptions options = LoopbackServerOptions();
+  options.http_port = (*first)->http_port();
+  auto second = MasterServer::Start(options);
+  ASSERT_FALSE(second.ok()) << "two masters share HTTP port " << options.http_port;
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find(std::to_string(options.http_port)), std::string::npos)
+      << second.status();
+  httplib::Client http("127.0.0.1", options.http_port);
+  for (int i = 0; i < 4; ++i) {
+    auto health = http.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+  }
+}
+
 TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
   MasterServerOptions options = LoopbackServerOptions();
   auto server = MasterServer::Start(options);

@@ -145,6 +145,11 @@ TEST_F(CtlTest, StatusNeedsNoAdminTokenAndSaysWhatTheMasterHolds) {
   EXPECT_EQ(s["version"], Version());
   EXPECT_EQ(s["bytes_capacity"], 16 << 20);
 
+  // Global flags go anywhere on the line, as kubectl and etcdctl users type them.
+  Ctl after = Run({"status", "--json"}, /*with_tokens=*/false);
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(Json(after)["objects"], 6);
+
   Ctl table = Run({"status"});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("objects         6\n"), std::string::npos) << table.out;
@@ -370,6 +375,24 @@ TEST_F(CtlTest, VersionAndHelp) {
   EXPECT_EQ(unreachable.exit_code, 1);
   EXPECT_NE(unreachable.err.find("cannot reach larder-master's HTTP port"), std::string::npos)
       << unreachable.err;
+}
+
+// The services refuse a log level they do not know rather than ignore it.
+TEST(ServiceFlagsTest, AnUnknownLogLevelIsRefused) {
+  for (const char* tool : {"larder-master", "larder-client"}) {
+    std::string command = Quote(Bin(tool)) + " --log-level verbose </dev/null 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    char buffer[4096];
+    size_t n;
+    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+    const int status = pclose(pipe);
+    ASSERT_TRUE(WIFEXITED(status)) << tool;
+    EXPECT_NE(WEXITSTATUS(status), 0) << tool << ": " << out;
+    EXPECT_NE(out.find("--log-level"), std::string::npos) << tool << ": " << out;
+    EXPECT_NE(out.find("verbose"), std::string::npos) << tool << ": " << out;
+  }
 }
 
 }  // namespace
