@@ -114,7 +114,7 @@ async function get(path) {
 }
 function chart(id, series, format) {
   const svg = document.getElementById(id);
-  const w = 320, h = 120, left = 44, bottom = 16;
+  const w = 320, h = 120, bottom = 16;
   svg.setAttribute("viewBox", "0 0 " + w + " " + h);
   let max = 0, t0 = Infinity, t1 = -Infinity;
   for (const s of series) for (const [t, v] of s.points) {
@@ -122,7 +122,11 @@ function chart(id, series, format) {
     t0 = Math.min(t0, t); t1 = Math.max(t1, t);
   }
   if (max === 0) max = 1;
+  // No samples yet (an idle master just started): an empty second ending now.
+  if (!Number.isFinite(t1)) t1 = Date.now();
   if (!(t1 > t0)) { t0 = t1 - 1; }
+  // Room on the left for the axis label ("1023.9 MiB/s"), at about 6 px a character.
+  const left = Math.max(44, 6 * format(max).length + 8);
   const x = t => left + (w - left - 4) * (t - t0) / (t1 - t0);
   const y = v => 4 + (h - bottom - 4) * (1 - v / max);
   let out = '<line x1="' + left + '" y1="' + y(0) + '" x2="' + (w - 4) + '" y2="' + y(0) +

@@ -226,5 +226,24 @@ TEST_F(StatusPageBrowserTest, PageRendersWhatTheJsonRoutesSay) {
   (*server)->Shutdown();
 }
 
+// A master that has no samples yet draws empty charts, not "NaN".
+TEST_F(StatusPageBrowserTest, AnIdleMasterWithoutSamplesDrawsNoNaN) {
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = 0;
+  options.status_interval = std::chrono::hours(1);  // no sample is taken while the page loads
+  auto server = MasterServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string url = "http://127.0.0.1:" + std::to_string((*server)->http_port()) + "/";
+  ShellRun dump = Chromium(url, "--dump-dom");
+  if (dump.status != 0 || dump.out.find("<html") == std::string::npos) {
+    GTEST_SKIP() << "chromium cannot start here (exit " << dump.status << "): " << ChromiumErrors();
+  }
+  EXPECT_EQ(TextAfter(dump.out, "id=\"error\""), "") << "the page reported an error";
+  EXPECT_NE(dump.out.find("id=\"chart-ops\""), std::string::npos);
+  EXPECT_EQ(dump.out.find("NaN"), std::string::npos) << dump.out;
+}
+
 }  // namespace
 }  // namespace larder::master
