@@ -187,6 +187,37 @@ def setup_mooncake_store(module, address: str, global_segment_size: int = 32 << 
 
 
 @contextlib.contextmanager
+def larder_protocol(route: str):
+    """Larder's own protocol setting, which wins over a Mooncake config's "protocol", set while the
+    block runs (workers spawned and stores set up inside keep it): route "tcp" forces the network
+    even between processes of one host; any other route sets nothing."""
+    names = ("LARDER_PROTOCOL", "LARDER_STORE_PROTOCOL")
+    saved = {name: os.environ.get(name) for name in names}
+    if route == "tcp":
+        for name in names:
+            os.environ[name] = "tcp"
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _larder_protocol_for_tcp_route(request):
+    """A test parametrized to see route "tcp" (``route`` or ``managed_route``) through the
+    Mooncake layer runs with Larder's own setting forcing tcp: a Mooncake "tcp" alone keeps the
+    processes of one host on shm. (Module-scoped fixtures set up before this one use
+    larder_protocol themselves.)"""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    with larder_protocol(params.get("route", params.get("managed_route", ""))):
+        yield
+
+
+@contextlib.contextmanager
 def shim_first():
     """What shim_path does, for the length of the block (for module-scoped fixtures)."""
     with pytest.MonkeyPatch.context() as mp:

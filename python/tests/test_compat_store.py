@@ -3,6 +3,7 @@
 shim (`from mooncake.store import ...`)."""
 
 import json
+import uuid
 import warnings
 
 import numpy as np
@@ -111,6 +112,8 @@ def test_larder_store_ignores_mooncake_environment(master, monkeypatch):
 
 def test_unknown_protocol_maps_to_auto_with_one_warning(mooncake_store, master, monkeypatch):
     monkeypatch.setattr(compat._config, "_warned_protocols", set())
+    monkeypatch.delenv("LARDER_PROTOCOL", raising=False)
+    monkeypatch.delenv("LARDER_STORE_PROTOCOL", raising=False)
     with pytest.warns(RuntimeWarning, match="'rdma'"):
         assert compat.map_protocol("rdma") == "auto"
     with warnings.catch_warnings():
@@ -120,9 +123,54 @@ def test_unknown_protocol_maps_to_auto_with_one_warning(mooncake_store, master, 
         assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MB, 16 * MB, "rdma", "mlx5_0",
                        master.address) == 0
         s.close()
-    assert compat.map_protocol("tcp") == "tcp"
+    # Mooncake's "tcp" names the network only: one host's processes stay on shm.
+    assert compat.map_protocol("tcp") == "local,shm,tcp"
+    assert compat.map_protocol("tcp", role="engine") == "local,shm,tcp"
     assert compat.map_protocol("shm,tcp") == "shm,tcp"
     assert compat.map_protocol("") == ""
+
+
+def test_larders_own_protocol_setting_wins(monkeypatch):
+    monkeypatch.setattr(compat._config, "_warned_protocols", set())
+    monkeypatch.delenv("LARDER_PROTOCOL", raising=False)
+    monkeypatch.setenv("LARDER_STORE_PROTOCOL", "tcp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no 'rdma' transport" warning: Larder's setting rules
+        for name in ("tcp", "rdma", "shm"):
+            assert compat.map_protocol(name) == ""  # the store's engine reads the variable
+    # LARDER_STORE_PROTOCOL is the store's only; an engine reads LARDER_PROTOCOL.
+    assert compat.map_protocol("tcp", role="engine") == "local,shm,tcp"
+    monkeypatch.setenv("LARDER_PROTOCOL", "tcp")
+    assert compat.map_protocol("rdma", role="engine") == ""
+
+
+def test_mooncake_tcp_keeps_one_hosts_processes_on_shm(mooncake_store, master, monkeypatch):
+    """A Mooncake-configured pair on one host (protocol "tcp", Mooncake's default) moves its bytes
+    over shm, and says once what it did."""
+    monkeypatch.setattr(compat._config, "_warned_protocols", set())
+    monkeypatch.delenv("LARDER_PROTOCOL", raising=False)
+    monkeypatch.delenv("LARDER_STORE_PROTOCOL", raising=False)
+    stores = []
+    for _ in range(2):
+        s = mooncake_store.MooncakeDistributedStore()
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "",
+                       master.address) == 0
+        stores.append(s)
+    writer, reader = stores
+    key = "same-host/" + uuid.uuid4().hex
+    assert writer.put(key, b"x" * MB) == 0
+    def by_route():
+        stats = json.loads(reader.larder_store().stats_json())
+        return {r: int(c.get("bytes", 0)) for r, c in stats.get("routes", {}).items()}
+
+    before = by_route()
+    assert reader.get(key) == b"x" * MB
+    after = by_route()
+    assert after.get("shm", 0) - before.get("shm", 0) >= MB, (before, after)
+    assert after.get("tcp", 0) == before.get("tcp", 0), (before, after)
+    assert reader.larder_store().route_to(writer.larder_store().segment_name) == "shm"
+    for s in stores:
+        s.close()
 
 
 def test_setup_failures(mooncake_store, monkeypatch):

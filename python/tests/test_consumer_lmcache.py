@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 import consumer_workers as cw
-from conftest import SHIM_DIR, module_master, shim_first
+from conftest import SHIM_DIR, larder_protocol, module_master, shim_first
 from workers import MB, page_hash
 
 torch = pytest.importorskip("torch")
@@ -51,9 +51,10 @@ def lmcache_worker(mc, master, protocol):
 @pytest.fixture(scope="module", params=[("tcp", "tcp"), ("shm", "shm")], ids=["tcp", "shm"])
 def workers(request, mc, lm_master):
     protocol, route = request.param
-    writer = cw.Writer(SHIM_DIR, "lmcache", lm_master.address, protocol, 64 * MB)
-    with writer.closed_on_error():
-        store, rc, buf = lmcache_worker(mc, lm_master, protocol)
+    with larder_protocol(route):
+        writer = cw.Writer(SHIM_DIR, "lmcache", lm_master.address, protocol, 64 * MB)
+        with writer.closed_on_error():
+            store, rc, buf = lmcache_worker(mc, lm_master, protocol)
     yield types.SimpleNamespace(writer=writer, store=store, config=rc, buf=buf, route=route)
     store.unregister_buffer(buf.data_ptr())
     store.close()

@@ -19,7 +19,8 @@ import warnings
 import pytest
 
 import consumer_workers as cw
-from conftest import SHIM_DIR, ClientDaemon, Master, have_client_daemon, module_master, shim_first
+from conftest import (SHIM_DIR, ClientDaemon, Master, have_client_daemon, larder_protocol,
+                      module_master, shim_first)
 from workers import MB, page_hash
 
 torch = pytest.importorskip("torch")
@@ -54,9 +55,10 @@ def reader_rank(mc, master, protocol, **setup_kwargs):
 @pytest.fixture(scope="module", params=[("tcp", "tcp"), ("auto", "shm")], ids=["tcp", "shm"])
 def ranks(request, mc, sg_master):
     protocol, route = request.param
-    writer = cw.Writer(SHIM_DIR, "sglang", sg_master.address, protocol, 64 * MB, {})
-    with writer.closed_on_error():
-        sgl, pools = reader_rank(mc, sg_master, protocol)
+    with larder_protocol(route):
+        writer = cw.Writer(SHIM_DIR, "sglang", sg_master.address, protocol, 64 * MB, {})
+        with writer.closed_on_error():
+            sgl, pools = reader_rank(mc, sg_master, protocol)
     yield types.SimpleNamespace(writer=writer, sgl=sgl, pools=pools, route=route,
                                 protocol=protocol)
     sgl.store.close()

@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 import consumer_workers as cw
-from conftest import SHIM_DIR, Master, module_master, shim_first
+from conftest import SHIM_DIR, Master, larder_protocol, module_master, shim_first
 from workers import MB, page_hash
 
 PROTOCOLS = [("tcp", "tcp"), ("rdma", "shm")]
@@ -56,10 +56,11 @@ def loader(mc, master, protocol, global_segment_size=16 * MB, tenant_id=None):
 @pytest.fixture(scope="module", params=PROTOCOLS, ids=IDS)
 def workers(request, mc, vl_master):
     protocol, route = request.param
-    writer = cw.Writer(SHIM_DIR, "vllm", vl_master.address, protocol, 64 * MB, "self", False,
-                       None)
-    with writer.closed_on_error():
-        store, kv = loader(mc, vl_master, protocol)
+    with larder_protocol(route):
+        writer = cw.Writer(SHIM_DIR, "vllm", vl_master.address, protocol, 64 * MB, "self", False,
+                           None)
+        with writer.closed_on_error():
+            store, kv = loader(mc, vl_master, protocol)
     yield types.SimpleNamespace(writer=writer, store=store, kv=kv, route=route,
                                 protocol=protocol)
     store.close()

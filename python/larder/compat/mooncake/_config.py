@@ -20,30 +20,61 @@ _log = logging.getLogger("larder.compat.mooncake")
 _warned_protocols: set[str] = set()
 _warn_lock = threading.Lock()
 
+# Mooncake protocol names that name only the network between hosts. Larder keeps the processes of
+# one host on shm whatever the network is, as it was built to (no hairpin through the NIC).
+_MOONCAKE_NETWORK = {"tcp": "local,shm,tcp"}
 
-def map_protocol(protocol: str | None) -> str:
-    """The Larder protocol for a Mooncake protocol name.
 
-    Names Larder knows ("tcp", "shm", "auto", comma lists of them) pass through; "" stays "" (the
-    engine then reads LARDER_STORE_PROTOCOL / LARDER_PROTOCOL, else "auto"); any other name
-    ("rdma", "nvlink", ...) becomes "auto", with one warning per name per process.
+def _once(key: str, message: str, warn: bool) -> None:
+    with _warn_lock:
+        first = key not in _warned_protocols
+        _warned_protocols.add(key)
+    if not first:
+        return
+    if warn:
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        _log.warning(message)
+    else:
+        _log.info(message)
+
+
+def map_protocol(protocol: str | None, role: str = "store") -> str:
+    """The Larder protocol for a Mooncake protocol name, for a store (``role="store"``) or a
+    transfer engine (``"engine"``).
+
+    Larder's own setting wins: with LARDER_STORE_PROTOCOL (store only) or LARDER_PROTOCOL set, the
+    result is "" and the engine applies that variable. Otherwise "" stays "" (the engine's "auto");
+    Mooncake's "tcp", which names the network only, becomes "local,shm,tcp": the processes of one
+    host still reach each other over shm; other names Larder knows ("shm", "auto", "ucx", comma
+    lists) pass through; any other name ("rdma", "nvlink", ...) becomes "auto", with a warning.
+    What was done is logged once per name per process.
     """
     name = (protocol or "").strip().lower()
     if not name:
         return ""
+    variables = ["LARDER_STORE_PROTOCOL", "LARDER_PROTOCOL"] if role == "store" else [
+        "LARDER_PROTOCOL"]
+    for variable in variables:
+        forced = os.environ.get(variable, "").strip()
+        if forced:
+            _once(f"{role}:{name}:{variable}={forced}",
+                  f"Mooncake protocol '{name}': {variable}={forced} applies (Larder's own setting "
+                  "wins over a Mooncake config)", warn=False)
+            return ""
+    if name in _MOONCAKE_NETWORK:
+        mapped = _MOONCAKE_NETWORK[name]
+        _once(f"{role}:{name}",
+              f"Mooncake protocol '{name}' names the network between hosts: Larder uses {name} "
+              "there and keeps processes of one host on shm (routes " + mapped + "); set "
+              f"LARDER_PROTOCOL={name} to force {name} everywhere", warn=False)
+        return mapped
     try:
         larder.parse_protocol(name)
         return name
     except larder.InvalidArgumentError:
         pass
-    with _warn_lock:
-        first = name not in _warned_protocols
-        _warned_protocols.add(name)
-    if first:
-        message = (f"Larder has no '{name}' transport; using 'auto' (local memcpy, shm between "
-                   "processes of one host, tcp between hosts)")
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-        _log.warning(message)
+    _once(name, f"Larder has no '{name}' transport; using 'auto' (local memcpy, shm between "
+          "processes of one host, tcp between hosts)", warn=True)
     return "auto"
 
 

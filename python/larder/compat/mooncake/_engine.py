@@ -174,7 +174,7 @@ class TransferEngine:
         -1."""
         try:
             host, port = _split_host(str(local_hostname))
-            engine = larder.TransferEngine(map_protocol(protocol) or None,
+            engine = larder.TransferEngine(map_protocol(protocol, role="engine") or None,
                                            listen_address=f"{host}:{port}")
         except (larder.LarderError, ValueError, OSError) as e:
             _log.error("initialize: %s", e)
