@@ -18,7 +18,25 @@ Mooncake users: ``larder.compat.mooncake`` offers ``MooncakeDistributedStore`` a
 ``TransferEngine`` with Mooncake's names and return conventions; see docs/python.md.
 """
 
-from ._larder import (  # noqa: F401  (re-exported)
+try:
+    from . import _larder  # noqa: F401
+except ImportError as _error:
+    import pathlib as _pathlib
+    import sys as _sys
+
+    _built = sorted(p.name.split(".")[1] for p in _pathlib.Path(__file__).parent.glob("_larder.*.so"))
+    _this = f"cpython-{_sys.version_info.major}{_sys.version_info.minor}"
+    if _built and not any(tag.startswith(_this + "-") for tag in _built):
+        raise ImportError(
+            f"larder's native module was built for {', '.join(_built)}, but this is Python "
+            f"{_sys.version_info.major}.{_sys.version_info.minor} ({_sys.executable}). Run the "
+            "interpreter it was built for (Debian's /usr/bin/python3 unless the build was told "
+            "otherwise), or rebuild for this one: cmake -B build "
+            f"-DPython3_EXECUTABLE={_sys.executable} && cmake --build build (docs/python.md)"
+        ) from _error
+    raise
+
+from ._larder import (  # noqa: F401,E402  (re-exported)
     AbortedError,
     AlreadyExistsError,
     Buffer,

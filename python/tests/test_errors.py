@@ -119,3 +119,25 @@ def test_package_metadata():
     assert larder.__version__ == version_file.read_text().strip()
     for name in larder.__all__:
         assert hasattr(larder, name), name
+
+
+def test_import_under_another_python_says_which_one_it_was_built_for(tmp_path):
+    """A native module built for another interpreter gives an ImportError naming both versions
+    and how to rebuild, not "No module named 'larder._larder'"."""
+    import shutil
+    import subprocess
+    import sys
+
+    package = pathlib.Path(larder.__file__).parent
+    copy = tmp_path / "larder"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__", "compat"))
+    (native,) = copy.glob("_larder.*.so")
+    native.rename(copy / "_larder.cpython-30-x86_64-linux-gnu.so")
+    result = subprocess.run([sys.executable, "-c", "import larder"], cwd=tmp_path,
+                            env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0
+    assert "built for cpython-30-x86_64-linux-gnu" in result.stderr, result.stderr
+    this = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"this is Python {this}" in result.stderr, result.stderr
+    assert "-DPython3_EXECUTABLE=" in result.stderr, result.stderr
