@@ -362,6 +362,31 @@ TEST_F(CtlTest, DrainWithABudgetMovesTheMostUsedAndDropsTheRest) {
   EXPECT_EQ(*value, Value(3));
 }
 
+// `larder-bench store` against a master of the user's says so, puts into a tenant of its own and
+// removes its objects at the end: the master holds what it held before.
+TEST_F(CtlTest, StoreBenchOnALiveMasterLeavesNothingBehind) {
+  const std::string command = std::string("LARDER_AUTH_TOKEN=") + kClusterToken +
+                              " LARDER_ADMIN_TOKEN=" + kAdminToken + " " +
+                              Quote(Bin("larder-bench")) + " store --master " + address_ +
+                              " --op put --value-size 64K --duration 0.5 --segment-size 32M"
+                              " </dev/null 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(out.find("as tenant 'larder-bench-"), std::string::npos) << out;
+  EXPECT_NE(out.find("can evict other clients' objects"), std::string::npos) << out;
+  EXPECT_NE(out.find("removed the bench's"), std::string::npos) << out;
+  Ctl after = Run({"--json", "status"}, /*with_tokens=*/false);
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_LE(Json(after)["objects"].get<int>(), 6) << "the bench left objects behind";
+}
+
 TEST_F(CtlTest, VersionAndHelp) {
   Ctl version = Run({"--version"}, false);
   EXPECT_EQ(version.exit_code, 0);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -38,14 +39,25 @@ struct Cluster {
   std::string master_address;
   std::vector<ChildProcess> workers;
   std::vector<std::string> segments;
+  std::string tenant;  // with a master of the user's: the bench's own key namespace
 };
 
 Result<Cluster> StartCluster(const StoreBenchOptions& options) {
   Cluster cluster;
   cluster.master_address = options.master;
+  std::map<std::string, std::string> env;
   if (cluster.master_address.empty()) {
     LARDER_ASSIGN_OR_RETURN(cluster.master, StartEmbeddedMaster());
     cluster.master_address = cluster.master->address();
+  } else {
+    // A master of the user's may serve a live cache: the bench's keys go into a tenant of their
+    // own (never colliding with anyone's, removed at the end), and the user is told.
+    cluster.tenant = "larder-bench-" + std::to_string(getpid());
+    env["LARDER_TENANT"] = cluster.tenant;
+    std::cerr << "larder-bench store: writing into the larder-master at " << cluster.master_address
+              << " as tenant '" << cluster.tenant
+              << "' (other tenants never see its keys; they are removed at the end). Its "
+                 "objects take pool space and can evict other clients' objects.\n";
   }
   for (int i = 0; i < options.clients; ++i) {
     std::string name = "bench-" + std::to_string(getpid()) + "-" + std::to_string(i);
@@ -54,7 +66,7 @@ Result<Cluster> StartCluster(const StoreBenchOptions& options) {
         ChildProcess::Spawn({SelfExecutable(), "store-worker", "--master", cluster.master_address,
                              "--segment-size", std::to_string(options.segment_size), "--protocol",
                              options.protocol, "--segment-name", name},
-                            {}, std::chrono::seconds(30)));
+                            env, std::chrono::seconds(30)));
     cluster.segments.push_back(worker.address());
     cluster.workers.push_back(std::move(worker));
   }
@@ -118,6 +130,23 @@ Figures Aggregate(const std::string& op, uint64_t value_size, const std::vector<
 
 }  // namespace
 
+// Removes what the bench put into a master of the user's (its tenant's keys only) and says so.
+void RemoveOwnKeys(Cluster& cluster, std::chrono::milliseconds timeout) {
+  if (cluster.tenant.empty() || cluster.workers.empty()) return;
+  auto removed = RunOnAll(cluster, {json{{"cmd", "remove_all"}}}, timeout);
+  if (removed.ok() && (*removed)[0].value("code", "") == "OK") {
+    std::cerr << "larder-bench store: removed the bench's " << (*removed)[0].value("removed", 0)
+              << " object(s) (tenant '" << cluster.tenant << "')\n";
+    return;
+  }
+  std::cerr << "larder-bench store: could not remove the bench's objects (tenant '"
+            << cluster.tenant << "'): "
+            << (removed.ok() ? (*removed)[0].value("message", std::string("?"))
+                             : removed.status().ToString())
+            << " (a master with a cluster token needs the admin token: LARDER_ADMIN_TOKEN); "
+               "they stay until evicted\n";
+}
+
 int RunStoreBench(const StoreBenchOptions& options) {
   if (options.clients < 2) {
     std::cerr << "larder-bench store: --clients must be at least 2 (objects go to another "
@@ -149,6 +178,11 @@ int RunStoreBench(const StoreBenchOptions& options) {
     std::cerr << "larder-bench store: " << cluster.status() << "\n";
     return 1;
   }
+  // Whatever way the run ends, a master of the user's keeps none of the bench's objects.
+  struct RemoveAtExit {
+    Cluster* cluster;
+    ~RemoveAtExit() { RemoveOwnKeys(*cluster, std::chrono::seconds(60)); }
+  } remove_at_exit{&*cluster};
   const size_t n = cluster->workers.size();
   const size_t active = options.active == 0 ? n : static_cast<size_t>(options.active);
   auto timeout =
@@ -247,6 +281,8 @@ int RunStoreBench(const StoreBenchOptions& options) {
     }
   }
   if (!options.json) std::cout << table.ToString();
+  RemoveOwnKeys(*cluster, std::chrono::seconds(60));
+  cluster->tenant.clear();  // removed
   for (ChildProcess& worker : cluster->workers) worker.Stop(std::chrono::seconds(10));
   return exit_code;
 }
