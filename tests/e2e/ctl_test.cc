@@ -51,6 +51,19 @@ struct Ctl {
   std::string err;  // stderr
 };
 
+// Runs `command` with the shell: its stdout and exit code (-1 when it did not exit by itself).
+Ctl RunShell(const std::string& command) {
+  Ctl ctl;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return ctl;
+  char buffer[65536];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) ctl.out.append(buffer, n);
+  const int status = pclose(pipe);
+  ctl.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return ctl;
+}
+
 class CtlTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -112,14 +125,7 @@ class CtlTest : public ::testing::Test {
     }
     for (const std::string& arg : args) command += " " + Quote(arg);
     command += " </dev/null 2>" + Quote((dir_ / "stderr").string());
-    Ctl ctl;
-    FILE* pipe = popen(command.c_str(), "r");
-    if (pipe == nullptr) return ctl;
-    char buffer[65536];
-    size_t n;
-    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) ctl.out.append(buffer, n);
-    const int status = pclose(pipe);
-    ctl.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    Ctl ctl = RunShell(command);
     ctl.err = ReadFile(dir_ / "stderr");
     return ctl;
   }
@@ -370,15 +376,9 @@ TEST_F(CtlTest, StoreBenchOnALiveMasterLeavesNothingBehind) {
                               Quote(Bin("larder-bench")) + " store --master " + address_ +
                               " --op put --value-size 64K --duration 0.5 --segment-size 32M"
                               " </dev/null 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  Ctl bench = RunShell(command);
+  const std::string& out = bench.out;
+  EXPECT_EQ(bench.exit_code, 0) << out;
   EXPECT_NE(out.find("as tenant 'larder-bench-"), std::string::npos) << out;
   EXPECT_NE(out.find("can evict other clients' objects"), std::string::npos) << out;
   EXPECT_NE(out.find("removed the bench's"), std::string::npos) << out;
@@ -405,16 +405,9 @@ TEST_F(CtlTest, VersionAndHelp) {
 // The services refuse a log level they do not know rather than ignore it.
 TEST(ServiceFlagsTest, AnUnknownLogLevelIsRefused) {
   for (const char* tool : {"larder-master", "larder-client"}) {
-    std::string command = Quote(Bin(tool)) + " --log-level verbose </dev/null 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::string out;
-    char buffer[4096];
-    size_t n;
-    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-    const int status = pclose(pipe);
-    ASSERT_TRUE(WIFEXITED(status)) << tool;
-    EXPECT_NE(WEXITSTATUS(status), 0) << tool << ": " << out;
+    Ctl run = RunShell(Quote(Bin(tool)) + " --log-level verbose </dev/null 2>&1");
+    const std::string& out = run.out;
+    EXPECT_GT(run.exit_code, 0) << tool << ": " << out;
     EXPECT_NE(out.find("--log-level"), std::string::npos) << tool << ": " << out;
     EXPECT_NE(out.find("verbose"), std::string::npos) << tool << ": " << out;
   }
