@@ -72,6 +72,9 @@ foreach(unit larder-master larder-client)
     DESTINATION lib/systemd/system COMPONENT tools)
   install(FILES packaging/default/${unit} DESTINATION ${LARDER_DEFAULTS_DIR} COMPONENT tools)
 endforeach()
+# The Grafana dashboard and Prometheus alert rules for larder-master's /metrics.
+install(FILES packaging/monitoring/larder-dashboard.json packaging/monitoring/larder-alerts.yml
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/larder/monitoring COMPONENT tools)
 
 # The Python package, where Debian's python3 looks (/usr/lib/python3/dist-packages under /usr).
 # The Mooncake shim (python/shim) is not installed: it would shadow a real Mooncake.

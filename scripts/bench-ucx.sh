@@ -8,10 +8,10 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rounds=${ROUNDS:-3}
 bench="$build/bin/larder-bench"
-anchor=../shared/anchors/ucx-bandwidth.sh
+anchor=${LARDER_ANCHORS_DIR:-}/ucx-bandwidth.sh  # the reference-peer scripts (docs/benchmarks.md)
 export LARDER_LOG_LEVEL=${LARDER_LOG_LEVEL:-warn}
 [ -x "$bench" ] || { echo "bench-ucx: $bench not built" >&2; exit 2; }
-[ -f "$anchor" ] || { echo "bench-ucx: $anchor not found" >&2; exit 2; }
+[ -f "$anchor" ] || { echo "bench-ucx: $anchor not found (set LARDER_ANCHORS_DIR)" >&2; exit 2; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for _ in $(seq "$rounds"); do

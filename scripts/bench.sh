@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs the transfer, store, master and replay benchmarks and the reference anchors in one session, writing JSON lines to
 # bench/results/. usage: scripts/bench.sh [BUILD_DIR]
+# The replay reads $LARDER_TRACE, else bench/traces/conversation_trace.jsonl (docs/replay.md); the
+# anchors are the reference-peer scripts in $LARDER_ANCHORS_DIR, skipped when it is unset
+# (docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -28,12 +31,12 @@ export LARDER_LOG_LEVEL=${LARDER_LOG_LEVEL:-warn}
   "$bench" store --json --op get --value-size 4M --batch 8 --active 1 --protocol tcp
   "$bench" master --json
 } | tee "$out/store.jsonl"
-"$bench" replay --json --requests 2000 --plot "$out/replay.svg" | tee "$out/replay.jsonl" || echo "bench: replay failed (no trace? set LARDER_TRACE)" >&2
-anchors=../shared/anchors
-if [ -d "$anchors" ]; then
+"$bench" replay --json --requests 2000 --plot "$out/replay.svg" | tee "$out/replay.jsonl" || echo "bench: replay failed (no trace? docs/replay.md says where to get it)" >&2
+anchors=${LARDER_ANCHORS_DIR:-}
+if [ -n "$anchors" ] && [ -d "$anchors" ]; then
   { bash "$anchors/memcpy-bandwidth.sh"; bash "$anchors/ucx-bandwidth.sh" 4096 4194304 67108864;
     bash "$anchors/redis-ops.sh" 4096 16; } |
     tee "$out/anchors.jsonl" || echo "bench: anchors failed (see above)" >&2
 else
-  echo "bench: $anchors not found; skipping reference peers" >&2
+  echo "bench: LARDER_ANCHORS_DIR ('$anchors') is not a folder; skipping reference peers" >&2
 fi

@@ -35,6 +35,7 @@ packages=(
   python3-pip
   python3-setuptools
   python3-wheel
+  python3-yaml
   dpkg-dev
   etcd-server
   etcd-client

@@ -73,9 +73,9 @@ void AddServiceFlags(CLI::App* app, ServiceFlags* flags, const std::string& serv
       ->check(
           CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "critical", "off"},
                         CLI::ignore_case));
-  app->add_flag("--parent-watch", flags->parent_watch,
-                "also exit when stdin closes (for tools that spawn the " + service + ")")
-      ->group("");
+  app->add_flag(
+      "--parent-watch", flags->parent_watch,
+      "also exit when stdin closes (for tools and supervisors that spawn the " + service + ")");
 }
 
 void ApplyLogLevel(const ServiceFlags& flags) {

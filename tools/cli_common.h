@@ -36,7 +36,7 @@ void AddTokenFlags(CLI::App* app, TokenFlags* flags, const std::string& auth_hel
 Status ReadTokens(const TokenFlags& flags, size_t min_bytes, std::string* auth_token,
                   std::string* admin_token);
 
-// --log-level and the hidden --parent-watch of a service.
+// --log-level and --parent-watch of a service.
 struct ServiceFlags {
   std::string log_level;      // empty: LARDER_LOG_LEVEL decides
   bool parent_watch = false;  // also exit when stdin closes

@@ -8,8 +8,9 @@
 //   master    metadata-only load on the master: ops/s and bytes per object
 //   replay    a request trace through the store: prefix hit rate against exact LRU
 //   mount     owner mount, peer open and first gets on large segments, and the memory they cost
-//   deployment  the RFC topology: two prefills hammering the store on host A, a decode pulling
-//             PD KV pages from them on host B (a network namespace when root allows)
+//   deployment  docs/deployment.md's topology: two prefills hammering the store on host A, a
+//             decode pulling PD KV pages from them on host B (a network namespace when root
+//             allows)
 //   failover  kill -9 the master under load: when puts and gets resume, how long the rebuild
 //             takes, and how many stored objects stay readable
 //   soak      mixed load for a long time with faults injected on a schedule: wrong bytes,
@@ -28,6 +29,7 @@
 #include "bench/process.h"
 #include "bench/registration_bench.h"
 #include "bench/replay_bench.h"
+#include "bench/replay_trace.h"
 #include "bench/replay_worker.h"
 #include "bench/soak_bench.h"
 #include "bench/store_bench.h"
@@ -172,8 +174,8 @@ int main(int argc, char** argv) {
   bool replay_embedded = false;
   auto* p = app.add_subcommand("replay", "a request trace through the store, against exact LRU");
   p->add_option("--trace", replay.trace,
-                "JSONL trace (default: $LARDER_TRACE, else "
-                "../shared/traces/conversation_trace.jsonl)");
+                std::string("JSONL trace (default: $LARDER_TRACE, else ") +
+                    larder::bench::kFetchedTracePath + ", fetched as docs/replay.md says)");
   p->add_flag("--embedded", replay_embedded,
               "start a master in this process (the default without --master)");
   p->add_option("--master", replay.master, "ip:port of a running larder-master");
@@ -259,9 +261,9 @@ int main(int argc, char** argv) {
   std::string deployment_protocols = "auto,tcp";
   auto* dep = app.add_subcommand(
       "deployment",
-      "the RFC topology on one machine: two prefills on host A hammer the store (each puts its "
-      "own KV pages and reads the other's) while a decode on host B pulls PD KV pages from both; "
-      "one run per store protocol, PD latency with the store hammered vs idle");
+      "docs/deployment.md's topology on one machine: two prefills on host A hammer the store "
+      "(each puts its own KV pages and reads the other's) while a decode on host B pulls PD KV "
+      "pages from both; one run per store protocol, PD latency with the store hammered vs idle");
   dep->footer(
       "Host B is a network namespace joined by a veth pair (root and iproute2; removed on exit, "
       "leftovers of crashed runs are removed on start); otherwise the decode runs here under "
@@ -306,7 +308,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   dep->add_option("--store-protocol", deployment_protocols,
                   "comma list of LARDER_STORE_PROTOCOL values for the prefills, one run each "
-                  "(tcp: the NIC-style hairpin the RFC suffered)")
+                  "(tcp: the NIC-style hairpin that Larder avoids)")
       ->capture_default_str();
   dep->add_option("--kill-decode-after", deployment.kill_decode_after_s,
                   "SIGKILL the decode this many seconds into the load (reported as decode_died)")

@@ -6,6 +6,8 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <chrono>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
@@ -205,11 +207,13 @@ int Status(const Global& global) {
   std::cout << "objects         " << s.value("objects", uint64_t{0}) << "\n";
   std::cout << "bytes used      " << Bytes(used) << " of " << Bytes(capacity)
             << (capacity > 0 ? " (" + Fixed(100 * used / capacity, 1) + "%)" : "") << "\n";
-  std::cout << "hit rate        "
-            << (s["hit_rate"].is_number() ? Fixed(100 * s["hit_rate"].get<double>(), 1) + "%"
-                                          : std::string("-"))
-            << " (" << s.value("gets", uint64_t{0}) - s.value("get_misses", uint64_t{0}) << " of "
-            << s.value("gets", uint64_t{0}) << " gets)\n";
+  auto percent = [&s](const char* field) {
+    return s[field].is_number() ? Fixed(100 * s[field].get<double>(), 1) + "%" : std::string("-");
+  };
+  // The hit rate the serving engines see: their lookups' where they look up first.
+  std::cout << "hit rate        " << percent("hit_rate") << " (lookups "
+            << percent("lookup_hit_rate") << " of " << s.value("lookups", uint64_t{0}) << ", gets "
+            << percent("get_hit_rate") << " of " << s.value("gets", uint64_t{0}) << ")\n";
   std::cout << "ops/s           " << Fixed(s.value("ops_per_s", 0.0), 1) << "\n";
   std::cout << "evictions       " << s.value("evictions", uint64_t{0}) << " ("
             << Fixed(s.value("evictions_per_s", 0.0), 1) << "/s)\n";
@@ -440,6 +444,19 @@ int Drain(const Global& global, const std::string& segment, const DrainFlags& fl
                           httplib::detail::params_to_query_str(
                               {{"segment", segment}, {"limit", std::to_string(flags.limit)}}));
   const json& objects = listing.at("objects");
+  // Progress on stderr (stdout has the result, or the JSON): what is to move, then a line at
+  // most every second; on a terminal one line rewritten in place.
+  const bool progress = !global.json;
+  const bool tty = isatty(STDERR_FILENO);
+  uint64_t listed_bytes = 0;
+  for (const json& object : objects) listed_bytes += object.at("size").get<uint64_t>();
+  if (progress) {
+    std::cerr << "segment " << segment << " holds " << objects.size() << " objects ("
+              << Bytes(static_cast<double>(listed_bytes)) << "); moving the most used first\n";
+  }
+  auto last_report = std::chrono::steady_clock::now();
+  size_t visited = 0;
+  bool line_open = false;  // a progress line rewritten in place waits for its newline
 
   std::map<std::string, std::unique_ptr<larder::StoreClient>> clients;  // by tenant
   uint64_t migrated = 0, migrated_bytes = 0, gone = 0, not_moved = 0, planned_bytes = 0;
@@ -486,8 +503,17 @@ int Drain(const Global& global, const std::string& segment, const DrainFlags& fl
     }
     batch.clear();
     batch_bytes = 0;
+    const auto now = std::chrono::steady_clock::now();
+    if (progress && now - last_report >= std::chrono::seconds(1)) {
+      last_report = now;
+      std::cerr << (tty ? "\r" : "") << "moved " << migrated << " objects ("
+                << Bytes(static_cast<double>(migrated_bytes)) << "), " << visited << " of "
+                << objects.size() << " looked at" << (tty ? "   " : "\n") << std::flush;
+      line_open = tty;
+    }
   };
   for (const json& object : objects) {
+    ++visited;
     const uint64_t size = object.at("size");
     if (full || (flags.migrate_bytes > 0 && planned_bytes + size > flags.migrate_bytes)) {
       ++not_moved;
@@ -505,6 +531,8 @@ int Drain(const Global& global, const std::string& segment, const DrainFlags& fl
   }
   move_batch();
   clients.clear();
+  if (line_open) std::cerr << "\n";
+  if (progress && !flags.keep) std::cerr << "dropping what is left on " << segment << "\n";
 
   json dropped = {{"removed", 0}, {"skipped_leased", 0}};
   if (!flags.keep) {
@@ -581,8 +609,8 @@ int main(int argc, char** argv) {
   larder::cli::AddTokenFlags(
       &app, &global.tokens,
       "file holding the cluster token, which get needs (default: LARDER_AUTH_TOKEN)",
-      "file holding the admin token, which every command but status needs on a master with a "
-      "cluster token (default: LARDER_ADMIN_TOKEN)");
+      "file holding the admin token, which every command but status and get needs on a master "
+      "with a cluster token (default: LARDER_ADMIN_TOKEN)");
 
   app.add_subcommand("status", "the cluster at a glance: objects, bytes, hit rate, rates");
   app.add_subcommand("segments", "every mounted segment: owner, host, size, use, traffic");

@@ -51,8 +51,9 @@ int main(int argc, char** argv) {
       &app, &tokens,
       "file holding the cluster token: every client proves it (LARDER_AUTH_TOKEN) and the "
       "master proves it back (docs/security.md)",
-      "file holding the operator token that RemoveAll and every HTTP route but /metrics and "
-      "/health need (LARDER_ADMIN_TOKEN on clients)");
+      "file holding the operator token that RemoveAll and every HTTP route but /, "
+      "/api/summary, /api/history, /metrics and /health need (LARDER_ADMIN_TOKEN on clients); "
+      "needs --auth-token-file");
   app.add_flag("--insecure", options.insecure,
                "serve every interface without a cluster token (anyone who reaches the master "
                "can read and change the cache)");
@@ -112,6 +113,10 @@ int main(int argc, char** argv) {
   app.add_option("--shards", options.master.shards, "metadata shards (one lock each)")
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
+  app.add_flag("--metrics-per-client", options.master.metrics_per_client,
+               "/metrics also has series per client engine and peer (larder_client_*): their "
+               "labels hold pids, so each client restart starts new series; off, it has the "
+               "totals by route and locality (larder_transfer_*)");
   app.add_option("--etcd", etcd_endpoints,
                  "etcd endpoints HOST:PORT[,HOST:PORT...]: masters of one --cluster-id elect a "
                  "leader there; the others are standbys that refuse calls (naming the leader) "

@@ -48,6 +48,12 @@ struct LARDER_EXPORT StoreClientOptions {
   std::string segment_name;
   // Bytes this client contributes to the pool. 0: contribute nothing (a pure reader/writer).
   uint64_t global_segment_size = 256ull << 20;
+  // The global segment may be larger than the memory this process can fill (the host's RAM or
+  // its cgroup's limit); else such a segment is refused, since the kernel would kill the process
+  // once the store filled it. Segments are sparse (only pages written use memory), so a segment
+  // that will never be filled, as in a benchmark of the RFC's 700 GB segments on a small
+  // machine, works. LARDER_SPARSE_SEGMENT=1 sets it.
+  bool sparse_segment = false;
   // Bytes of registered local memory the copying API (Put/Get) may stage through. Larder's
   // transports read and write the caller's memory directly, so this is only reserved when the
   // store protocol requires registered local memory; 0 is a valid setting. Accepted for

@@ -544,6 +544,9 @@ def test_stats(store):
 def test_invalid_arguments(store):
     with pytest.raises(TypeError):
         _buffers.BufferPool(object())
+    # Mooncake's native pool raises RuntimeError; ours is a ValueError too.
+    with pytest.raises(RuntimeError, match="alignment"):
+        small_pool(store, alignment=12345)
     with pytest.raises(ValueError):
         small_pool(store, alignment=3 * MIB)
     with pytest.raises(ValueError):
@@ -599,3 +602,10 @@ def test_concurrent_leases_stay_disjoint(store):
     assert pool.stats().active_leases == 0
     pool.close()
     assert store.registered == {}
+
+
+def test_mooncake_buffer_pool_module(shim_path):
+    # `from mooncake.buffer_pool import BufferPool`, as Mooncake's users import it.
+    from mooncake.buffer_pool import BufferPool, RegisteredBufferPool
+
+    assert BufferPool is RegisteredBufferPool and BufferPool.__name__ == "BufferPool"

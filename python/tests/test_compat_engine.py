@@ -73,6 +73,15 @@ def test_unknown_protocol_runs_as_auto(te_module, monkeypatch):
     engine.close()
 
 
+@pytest.mark.parametrize("protocol", ["nvlink", "hip", "nvlink_intra"])
+def test_device_fabrics_are_refused(te_module, protocol):
+    # As Mooncake's engine built without them (its SUPPORT_* flags, all False here) does.
+    assert not (te_module.SUPPORT_MNNVL or te_module.SUPPORT_HIP or te_module.SUPPORT_INTRA_NVLINK)
+    engine = te_module.TransferEngine()
+    assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == -1
+    assert engine.get_rpc_port() == -1
+
+
 def test_register_memory(pair):
     prefill, _ = pair
     buf = np.zeros(MB, np.uint8)
@@ -383,7 +392,9 @@ def test_batch_transfer_async_rejects_bad_input(te_module, pair):
     assert write(target, [local], [base + MB - 8], [16]) == 0  # outside the peer's buffer
     assert decode.batch_transfer_async(target, [local], [base], [16], 7) == 0
     assert write("127.0.0.1:1", [local], [base], [16]) == INVALID  # unreachable
-    assert decode.transfer_submit_write(target, local, base - 4096, 16) == INVALID
+    # As in Mooncake, transfer_submit_write fails as batch_transfer_async does: 0 when refused,
+    # 2**64 - 1 when the peer cannot be reached.
+    assert decode.transfer_submit_write(target, local, base - 4096, 16) == 0
     assert decode.transfer_submit_write("127.0.0.1:1", local, base, 16) == INVALID
     assert not remote.any()
     for unknown in (0, INVALID, 12345):
@@ -441,7 +452,7 @@ def test_calls_before_initialize(te_module):
     local = local_buffer.ctypes.data
     assert engine.batch_transfer_async_write("127.0.0.1:1", [local], [local], [16]) == 0
     assert engine.batch_transfer_async_read("127.0.0.1:1", [local], [local], [16]) == 0
-    assert engine.transfer_submit_write("127.0.0.1:1", local, local, 16) == INVALID
+    assert engine.transfer_submit_write("127.0.0.1:1", local, local, 16) == 0
     assert engine.get_batch_transfer_status([1]) == -1
     assert engine.transfer_check_status(1) == -1
     assert engine.send_probe("127.0.0.1:1") == -1

@@ -147,3 +147,34 @@ def test_setup_dummy_memory(daemon, shim_path):
         assert mc.close() == 0
     assert mc.setup_dummy(0, 4 * MB, daemon.address) == INVALID
     assert mc.setup_dummy(1 * MB, 4 * MB, "") == INVALID
+
+
+def test_setup_dummy_ranges_and_local_buffer(daemon, shim_path):
+    # Mooncake's dummy-client calls: ranged reads into alloc_from_mem_pool memory registered in
+    # small pieces, bounded by what register_buffer was given; copying writes bounded by the
+    # local buffer.
+    from mooncake.store import MooncakeDistributedStore
+
+    mc = MooncakeDistributedStore()
+    assert mc.setup_dummy(1 * MB, 64 * 1024, daemon.address) == 0
+    try:
+        data = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        assert mc.put("sd/r1", data) == 0
+        buf = mc.alloc_from_mem_pool(32)
+        assert mc.register_buffer(buf, 32) == 0
+        ctypes.memset(buf, ord("_"), 32)
+        assert mc.get_into_ranges([buf], [["sd/r1"]], [[[0, 20]]], [[[2, 30]]],
+                                  [[[4, 3]]]) == [[[4, 3]]]
+        assert ctypes.string_at(buf, 4) == data[2:6]
+        assert ctypes.string_at(buf + 20, 3) == data[30:33]
+        # A fragment that ends past the 32 registered bytes fails; its neighbour is read.
+        result = mc.get_into_ranges([buf], [["sd/r1"]], [[[30, 0]]], [[[0, 0]]], [[[4, 4]]])
+        assert result[0][0][0] < 0 and result[0][0][1] == 4
+        assert mc.unregister_buffer(buf) == 0
+        assert mc.put("sd/big", b"x" * (64 * 1024 + 1)) == INVALID
+        assert mc.is_exist("sd/big") == 0
+        assert mc.put("sd/fits", b"x" * (64 * 1024)) == 0
+        # setup_dummy on a store that is set up is refused until close.
+        assert mc.setup_dummy(1 * MB, 4 * MB, daemon.address) == INVALID
+    finally:
+        assert mc.close() == 0

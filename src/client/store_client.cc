@@ -13,6 +13,7 @@
 #include "client/store_pieces.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/memory.h"
 #include "common/mutex.h"
 
 namespace larder {
@@ -50,6 +51,15 @@ class StoreClientImpl final : public StoreClient {
   }
 
   Status Init() {
+    if (const uint64_t memory = HostMemoryBytes();
+        !options_.sparse_segment && memory > 0 && options_.global_segment_size > memory) {
+      return InvalidArgumentError(
+          "global segment of " + FormatByteSize(options_.global_segment_size) +
+          " is larger than the memory this process can fill (" + FormatByteSize(memory) +
+          ", the host's RAM or its cgroup's limit): the kernel would kill it once the store "
+          "filled the segment. Give a smaller segment size, or set LARDER_SPARSE_SEGMENT=1 "
+          "(StoreClientOptions::sparse_segment) if it will never be filled");
+    }
     if (options_.global_segment_size > 0) {
       LARDER_ASSIGN_OR_RETURN(segment_memory_,
                               engine_->AllocateSegmentMemory(options_.global_segment_size));

@@ -35,6 +35,12 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
     if (!parsed.ok()) return parsed.status().WithContext(name);
     *field = *parsed;
   }
+  if (std::string value = GetEnv("LARDER_SPARSE_SEGMENT"); !value.empty()) {
+    if (value != "0" && value != "1") {
+      return InvalidArgumentError("LARDER_SPARSE_SEGMENT: '" + value + "' is not 0 or 1");
+    }
+    options.sparse_segment = value == "1";
+  }
   if (std::string value = GetEnv("LARDER_LEASE_RELEASE_DELAY"); !value.empty()) {
     auto parsed = ParseDuration(value);
     if (!parsed.ok()) return parsed.status().WithContext("LARDER_LEASE_RELEASE_DELAY");

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/memory.h"
 #include "master/master_server.h"
 #include "transfer/device/emulated_device.h"
 #include "transfer/testing/test_util.h"
@@ -151,6 +152,37 @@ TEST_F(StoreClientTest, MasterDownGivesUnavailable) {
   EXPECT_NE(created.status().message().find("no larder-master answered within 300 ms"),
             std::string::npos)
       << created.status();
+}
+
+// A segment the host cannot fill is a mistake the client names at once, not a process the kernel
+// kills once the store has filled its memory.
+TEST_F(StoreClientTest, SegmentLargerThanTheHostsMemoryIsRefusedUnlessSparse) {
+  StartMaster();
+  const uint64_t memory = HostMemoryBytes();
+  ASSERT_GT(memory, 0u);
+  StoreClientOptions options;
+  options.master_address = master_->address();
+  options.global_segment_size = RoundUp(memory + (1ull << 30), 1ull << 30);
+  auto refused = StoreClient::Create(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("larger than the memory this process can fill"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("LARDER_SPARSE_SEGMENT=1"), std::string::npos);
+  // Said on purpose, it is a sparse segment: only what is written costs memory.
+  options.sparse_segment = true;
+  auto sparse = StoreClient::Create(options);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_TRUE((*sparse)->Put("k", Bytes(4096, 3)).ok());
+  {
+    testutil::ScopedEnv env("LARDER_SPARSE_SEGMENT", "1");
+    auto from_env = StoreClientOptions::FromEnvironment();
+    ASSERT_TRUE(from_env.ok());
+    EXPECT_TRUE(from_env->sparse_segment);
+  }
+  testutil::ScopedEnv bad("LARDER_SPARSE_SEGMENT", "yes");
+  EXPECT_EQ(StoreClientOptions::FromEnvironment().status().code(), StatusCode::kInvalidArgument);
 }
 
 // A serving process started a moment before its master (as orchestrators start them) waits for

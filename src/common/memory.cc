@@ -9,8 +9,11 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <string>
 
 #include "common/logging.h"
 
@@ -104,6 +107,43 @@ HugePagePool ReadHugePagePool(size_t page_size) {
   if (free_in) free_in >> pool.free;
   if (total_in) total_in >> pool.total;
   return pool;
+}
+
+namespace {
+
+// A cgroup limit file's value: "max" and unreadable are none.
+std::optional<uint64_t> ReadLimit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
+    return std::nullopt;
+  }
+  return std::strtoull(text.c_str(), nullptr, 10);
+}
+
+}  // namespace
+
+uint64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t bytes =
+      pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  auto lower = [&bytes](std::optional<uint64_t> limit) {
+    if (limit && *limit > 0 && (bytes == 0 || *limit < bytes)) bytes = *limit;
+  };
+  // cgroup v2: "0::/path"; every level up to the root may limit.
+  std::ifstream cgroups("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroups, line);) {
+    if (line.rfind("0::", 0) == 0) {
+      std::string path = line.substr(3);
+      while (!path.empty() && path != "/") {
+        lower(ReadLimit("/sys/fs/cgroup" + path + "/memory.max"));
+        path = path.substr(0, path.rfind('/'));
+      }
+    } else if (size_t at = line.find(":memory:"); at != std::string::npos) {
+      lower(ReadLimit("/sys/fs/cgroup/memory" + line.substr(at + 8) + "/memory.limit_in_bytes"));
+    }
+  }
+  return bytes;
 }
 
 namespace {

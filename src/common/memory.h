@@ -40,6 +40,10 @@ Result<std::shared_ptr<MemoryRegion>> AllocateAnonymous(size_t size, HugePages h
 Result<std::shared_ptr<MemoryRegion>> AllocateMemfd(const std::string& name, size_t size,
                                                     HugePages huge_pages);
 
+// The memory this process can fill: the host's RAM, or less where its cgroup (v2 memory.max,
+// v1 memory.limit_in_bytes) limits it. 0 when unknown.
+uint64_t HostMemoryBytes();
+
 // Largest segment this process can map (address space): 64 TiB.
 inline constexpr uint64_t kMaxSegmentBytes = 64ull << 40;
 

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/crypto.h>
@@ -15,8 +16,13 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+
+#include "common/logging.h"
 
 namespace larder {
 namespace {
@@ -102,6 +108,44 @@ Result<HostPort> ParseHostPort(std::string_view address) {
       return InvalidArgumentError("port out of range in '" + std::string(address) + "'");
   }
   hp.port = static_cast<uint16_t>(port);
+  return hp;
+}
+
+Result<HostPort> ResolveHostPort(std::string_view address) {
+  auto parsed = ParseHostPort(address);
+  if (parsed.ok()) return parsed;
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return parsed.status();
+  const std::string host(address.substr(0, colon));
+  // A name: letters, digits, '-' and '.' only (no NUL, no spaces), as DNS and /etc/hosts have.
+  const bool name_like =
+      host.size() <= 253 && std::all_of(host.begin(), host.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+      });
+  if (!name_like) return parsed.status();
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int error = getaddrinfo(host.c_str(), nullptr, &hints, &found); error != 0) {
+    return InvalidArgumentError("'" + host + "' in '" + std::string(address) +
+                                "' is neither an IPv4 address nor a name this host resolves (" +
+                                gai_strerror(error) + "); give an IPv4 address");
+  }
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof(text));
+  freeaddrinfo(found);
+  const std::string resolved = std::string(text) + std::string(address.substr(colon));
+  auto hp = ParseHostPort(resolved);
+  if (hp.ok() && hp->host.rfind("127.", 0) == 0) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      Log().warn(
+          "'{}' resolves to {}, a loopback address that other hosts cannot reach; give "
+          "this host's own IPv4 address to be reached from other hosts",
+          host, hp->host);
+    });
+  }
   return hp;
 }
 

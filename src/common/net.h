@@ -59,8 +59,15 @@ struct HostPort {
   std::string ToString() const { return host + ":" + std::to_string(port); }
 };
 
-// Parses "ip:port" (IPv4 dotted quad or "localhost"). InvalidArgument otherwise.
+// Parses "ip:port" (IPv4 dotted quad or "localhost"). InvalidArgument otherwise. Never looks a
+// name up: peers' addresses are parsed with it.
 Result<HostPort> ParseHostPort(std::string_view address);
+
+// As ParseHostPort, and a host name is resolved to its first IPv4 address: for addresses this
+// process's own user gave (its listen address, a peer named on the command line). Warns once
+// when a name resolves to a loopback address (Debian maps the host's own name to 127.0.1.1),
+// which other hosts cannot reach.
+Result<HostPort> ResolveHostPort(std::string_view address);
 
 // Binds and listens; port 0 picks a free port. Returns the socket.
 Result<Fd> TcpListen(const HostPort& address, int backlog = 128);

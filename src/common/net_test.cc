@@ -1,6 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "common/net.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -76,6 +77,31 @@ TcpPair ConnectedPair() {
   pair.server = Fd(accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
   EXPECT_TRUE(pair.server.valid()) << std::strerror(errno);
   return pair;
+}
+
+TEST(ResolveHostPortTest, NamesResolveAndAddressesStayAsTheyAre) {
+  Result<HostPort> ip = ResolveHostPort("10.0.0.7:80");
+  ASSERT_TRUE(ip.ok()) << ip.status();
+  EXPECT_EQ(ip->host, "10.0.0.7");
+  // The host's own name (in /etc/hosts on every Debian machine): an IPv4 address.
+  char name[256] = {};
+  ASSERT_EQ(gethostname(name, sizeof(name) - 1), 0);
+  Result<HostPort> own = ResolveHostPort(std::string(name) + ":0");
+  ASSERT_TRUE(own.ok()) << own.status();
+  in_addr probe{};
+  EXPECT_EQ(inet_pton(AF_INET, own->host.c_str(), &probe), 1) << own->host;
+  EXPECT_EQ(own->port, 0);
+  // A name nothing resolves is an error that says what to give instead.
+  Result<HostPort> unknown = ResolveHostPort("no-such-host.invalid:1");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("give an IPv4 address"), std::string::npos)
+      << unknown.status();
+  // What is not a name is not looked up.
+  EXPECT_EQ(ResolveHostPort("bad host:1").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveHostPort("host").status().code(), StatusCode::kInvalidArgument);
+  // Peers' addresses are parsed without any lookup.
+  EXPECT_EQ(ParseHostPort(std::string(name) + ":1").status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(TcpTest, SendAllAndRecvAllRoundTrip) {

@@ -68,6 +68,39 @@ uint64_t PageSizeOf(const SegmentView& segment) {
   return 4096;
 }
 
+// Every store client's transfer counters summed by route and locality (traffic_totals.h): the
+// same series whatever clients come and go, and all of them from the start.
+void RenderTrafficTotals(std::ostringstream& out, const MasterState& state) {
+  const auto totals = state.TrafficByLocality();
+  struct Family {
+    const char* name;
+    const char* help;
+    uint64_t TrafficTotals::Counters::*field;
+  };
+  static constexpr Family kFamilies[] = {
+      {"larder_transfer_requests_total",
+       "Transfer requests the store clients' engines finished, by route and by whether the peer "
+       "ran on the same host.",
+       &TrafficTotals::Counters::requests},
+      {"larder_transfer_bytes_total",
+       "Bytes the store clients' engines moved, by route and by whether the peer ran on the same "
+       "host (route=\"tcp\",locality=\"same_host\" is the hairpin through the network stack).",
+       &TrafficTotals::Counters::bytes},
+      {"larder_transfer_failures_total",
+       "Transfer requests of the store clients' engines that failed, by route and locality.",
+       &TrafficTotals::Counters::failures},
+  };
+  for (const Family& family : kFamilies) {
+    out << "# HELP " << family.name << ' ' << family.help << "\n# TYPE " << family.name
+        << " counter\n";
+    for (const auto& [key, counters] : totals) {
+      out << family.name << "{route=\"" << LabelValue(key.route) << "\",locality=\""
+          << LocalityName(key.locality) << "\"} " << counters.*family.field << '\n';
+    }
+  }
+}
+
+// Series per client and peer engine (MasterOptions::metrics_per_client).
 void RenderTraffic(std::ostringstream& out, const MasterState& state) {
   auto traffic = state.Traffic();
   struct Family {
@@ -127,6 +160,37 @@ void RenderTraffic(std::ostringstream& out, const MasterState& state) {
   }
 }
 
+// Lookups and gets by tenant. The tenant label is the tenant's name ("" for the default tenant);
+// tenants past the first TenantCounters::kMaxTenants share one series with other_tenants="true".
+void RenderTenants(std::ostringstream& out, const TenantCounters::Snapshot& snapshot) {
+  struct Family {
+    const char* name;
+    const char* help;
+    uint64_t TenantTraffic::*field;
+  };
+  static constexpr Family kFamilies[] = {
+      {"larder_tenant_lookups_total", "Keys a tenant looked up (BatchExist), found or not.",
+       &TenantTraffic::lookups},
+      {"larder_tenant_lookup_misses_total", "Keys a tenant looked up that were absent.",
+       &TenantTraffic::lookup_misses},
+      {"larder_tenant_gets_total", "Keys a tenant asked of GetReplicas, found or not.",
+       &TenantTraffic::gets},
+      {"larder_tenant_get_misses_total", "Keys a tenant asked of GetReplicas that were absent.",
+       &TenantTraffic::get_misses},
+  };
+  for (const Family& family : kFamilies) {
+    out << "# HELP " << family.name << ' ' << family.help << "\n# TYPE " << family.name
+        << " counter\n";
+    for (const auto& [tenant, traffic] : snapshot.tenants) {
+      out << family.name << "{tenant=\"" << LabelValue(tenant) << "\"} " << traffic.*family.field
+          << '\n';
+    }
+    if (snapshot.others.lookups + snapshot.others.gets > 0) {
+      out << family.name << "{other_tenants=\"true\"} " << snapshot.others.*family.field << '\n';
+    }
+  }
+}
+
 }  // namespace
 
 std::string RenderMetrics(const MasterState& state) {
@@ -148,6 +212,11 @@ std::string RenderMetrics(const MasterState& state) {
   metric("larder_gets_total", "counter", "Leases granted by GetReplicas.", stats.gets);
   metric("larder_get_misses_total", "counter", "GetReplicas of absent or incomplete keys.",
          stats.get_misses);
+  metric("larder_lookups_total", "counter",
+         "Keys looked up (BatchExist: is_exist, batch_is_exist), found or not.", stats.lookups);
+  metric("larder_lookup_misses_total", "counter", "Keys looked up that were absent or incomplete.",
+         stats.lookup_misses);
+  RenderTenants(out, state.TenantStats());
   metric("larder_removes_total", "counter", "Objects removed by clients.", stats.removes);
   metric("larder_evictions_total", "counter", "Objects evicted.", stats.evictions);
   metric("larder_evicted_bytes_total", "counter", "Bytes evicted.", stats.evicted_bytes);
@@ -208,7 +277,8 @@ std::string RenderMetrics(const MasterState& state) {
     out << "larder_segment_page_bytes{segment=\"" << LabelValue(segment.name) << "\"} "
         << PageSizeOf(segment) << '\n';
   }
-  RenderTraffic(out, state);
+  RenderTrafficTotals(out, state);
+  if (state.options().metrics_per_client) RenderTraffic(out, state);
   return out.str();
 }
 
@@ -421,19 +491,21 @@ ordered_json Number(double value) { return ordered_json(std::isfinite(value) ? v
 ordered_json PointJson(const StatusPoint& point) {
   ordered_json routes = ordered_json::object();
   for (const auto& [route, rate] : point.route_bytes_per_s) routes[route] = Number(rate);
-  return {{"unix_ms", point.unix_ms},
-          {"seconds", Number(point.seconds)},
-          {"ops_per_s", Number(point.ops_per_s)},
-          {"puts_per_s", Number(point.puts_per_s)},
-          {"gets_per_s", Number(point.gets_per_s)},
-          {"removes_per_s", Number(point.removes_per_s)},
-          {"hit_rate", point.hit_rate ? Number(*point.hit_rate) : ordered_json(nullptr)},
-          {"evictions_per_s", Number(point.evictions_per_s)},
-          {"lease_expiries_per_s", Number(point.lease_expiries_per_s)},
-          {"objects", point.objects},
-          {"bytes_used", point.bytes_used},
-          {"bytes_capacity", point.bytes_capacity},
-          {"route_bytes_per_s", routes}};
+  return {
+      {"unix_ms", point.unix_ms},
+      {"seconds", Number(point.seconds)},
+      {"ops_per_s", Number(point.ops_per_s)},
+      {"puts_per_s", Number(point.puts_per_s)},
+      {"gets_per_s", Number(point.gets_per_s)},
+      {"removes_per_s", Number(point.removes_per_s)},
+      {"hit_rate", point.hit_rate ? Number(*point.hit_rate) : ordered_json(nullptr)},
+      {"get_hit_rate", point.get_hit_rate ? Number(*point.get_hit_rate) : ordered_json(nullptr)},
+      {"evictions_per_s", Number(point.evictions_per_s)},
+      {"lease_expiries_per_s", Number(point.lease_expiries_per_s)},
+      {"objects", point.objects},
+      {"bytes_used", point.bytes_used},
+      {"bytes_capacity", point.bytes_capacity},
+      {"route_bytes_per_s", routes}};
 }
 
 void SendJson(httplib::Response& response, const ordered_json& body) {
@@ -540,10 +612,14 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
                                                      httplib::Response& response) {
     MasterStats stats = state.Stats();
     std::optional<StatusPoint> latest = history ? history->Latest() : std::nullopt;
-    // MasterStats::gets counts the hits (leases granted); the summary's gets are every lookup.
+    // MasterStats::gets counts the hits (leases granted); the summary's gets are every key asked.
     const uint64_t gets = stats.gets + stats.get_misses;
-    ordered_json hit_rate = nullptr;
-    if (gets > 0) hit_rate = Number(static_cast<double>(stats.gets) / static_cast<double>(gets));
+    auto ratio = [](uint64_t part, uint64_t whole) {
+      return whole > 0 ? Number(static_cast<double>(part) / static_cast<double>(whole))
+                       : ordered_json(nullptr);
+    };
+    const TenantCounters::Snapshot tenants = state.TenantStats();
+    std::optional<double> serving = ServingHitRate(tenants.tenants, tenants.others);
     SendJson(response,
              {{"version", Version()},
               {"role", role ? role() : std::string("single")},
@@ -556,7 +632,11 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
               {"puts", stats.puts},
               {"gets", gets},
               {"get_misses", stats.get_misses},
-              {"hit_rate", hit_rate},
+              {"lookups", stats.lookups},
+              {"lookup_misses", stats.lookup_misses},
+              {"hit_rate", serving ? Number(*serving) : ordered_json(nullptr)},
+              {"get_hit_rate", ratio(stats.gets, gets)},
+              {"lookup_hit_rate", ratio(stats.lookups - stats.lookup_misses, stats.lookups)},
               {"removes", stats.removes},
               {"ops_per_s", Number(latest ? latest->ops_per_s : 0.0)},
               {"recent_hit_rate",
@@ -575,6 +655,34 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
     }
     SendJson(response, {{"points", points}});
   });
+  server.Get("/api/tenants",
+             [&state, auth](const httplib::Request& request, httplib::Response& response) {
+               if (!AdminAllowed(auth, request, response)) return;
+               const TenantCounters::Snapshot snapshot = state.TenantStats();
+               auto row = [](const TenantTraffic& t) {
+                 auto ratio = [](uint64_t part, uint64_t whole) {
+                   return whole > 0 ? Number(static_cast<double>(part) / static_cast<double>(whole))
+                                    : ordered_json(nullptr);
+                 };
+                 return ordered_json{{"lookups", t.lookups},
+                                     {"lookup_misses", t.lookup_misses},
+                                     {"gets", t.gets},
+                                     {"get_misses", t.get_misses},
+                                     {"hit_rate", ratio(t.found(), t.asked())},
+                                     {"hit_rate_of", t.lookups > 0 ? "lookups" : "gets"}};
+               };
+               ordered_json out = ordered_json::array();
+               for (const auto& [tenant, traffic] : snapshot.tenants) {
+                 ordered_json entry = {{"tenant", tenant}};
+                 entry.update(row(traffic));
+                 out.push_back(std::move(entry));
+               }
+               ordered_json body = {{"tenants", out}};
+               if (snapshot.others.lookups + snapshot.others.gets > 0) {
+                 body["other_tenants"] = row(snapshot.others);
+               }
+               SendJson(response, body);
+             });
   server.Get("/api/segments",
              [&state, auth](const httplib::Request& request, httplib::Response& response) {
                if (!AdminAllowed(auth, request, response)) return;

@@ -8,6 +8,8 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,6 +89,7 @@ TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
 
 TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
   MasterServerOptions options = LoopbackServerOptions();
+  options.master.metrics_per_client = true;
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
@@ -133,6 +136,57 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
   metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->body.find("client=\"prefill-a\""), std::string::npos);
+  (*server)->Shutdown();
+}
+
+// By default no label of /metrics names a client engine (its id holds a pid): what clients moved
+// is in totals by route and locality, which a restarted client adds to without new series.
+TEST(MasterServerTest, DefaultMetricsKeepTheirSeriesWhenClientsRestart) {
+  auto server = MasterServer::Start(LoopbackServerOptions());
+  ASSERT_TRUE(server.ok()) << server.status();
+  MasterState& state = (*server)->state();
+  httplib::Client http("127.0.0.1", (*server)->http_port());
+  // The series of an exposition: each sample line without its value.
+  auto series = [&] {
+    auto metrics = http.Get("/metrics");
+    EXPECT_TRUE(metrics);
+    std::set<std::string> out;
+    std::istringstream lines(metrics ? metrics->body : "");
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line[0] != '#') out.insert(line.substr(0, line.rfind(' ')));
+    }
+    return out;
+  };
+  EXPECT_TRUE(series().count("larder_transfer_bytes_total{route=\"tcp\",locality=\"same_host\"}"));
+  // The same segment name each time (an operator's --segment-name): the same series each time.
+  std::vector<std::set<std::string>> seen;
+  for (int pid : {100, 101}) {
+    const std::string id = "host-a/" + std::to_string(pid) + "/key" + std::to_string(pid);
+    SegmentMount mount{"seg-a", 0x10000, 1 << 20, "{}"};
+    ASSERT_TRUE(state.MountSegments(id, "host-a", std::span(&mount, 1))[0].ok());
+    for (uint64_t bytes : {1000, 5096}) {
+      ClientTraffic traffic;
+      traffic.routes.push_back({"host-a/200/other", "tcp", 1, bytes, 0});
+      traffic.routes.push_back({"host-b/300/remote", "tcp", 1, bytes, 0});
+      EXPECT_FALSE(state.Heartbeat(id, &traffic).remount_required);
+    }
+    seen.push_back(series());
+    for (const std::string& line : seen.back()) {
+      EXPECT_EQ(line.find(std::to_string(pid)), std::string::npos) << line;
+    }
+    ASSERT_TRUE(state.UnmountSegments(id, {}, /*unregister=*/true).ok());
+  }
+  EXPECT_EQ(seen[0], seen[1]);
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  // Each client's second report moved 4096 bytes to either peer.
+  EXPECT_NE(metrics->body.find(
+                "larder_transfer_bytes_total{route=\"tcp\",locality=\"same_host\"} 8192\n"),
+            std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find(
+                "larder_transfer_bytes_total{route=\"tcp\",locality=\"other_host\"} 8192\n"),
+            std::string::npos);
   (*server)->Shutdown();
 }
 
@@ -288,6 +342,17 @@ TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
   }
   std::vector<std::string_view> keys = {"k1", "k2", "absent"};
   ASSERT_TRUE(state.BatchGetReplicas("reader", keys).ok());
+  // Tenant t's engine looks up first (as SGLang and vLLM do): 1 of 4 found, and it gets that one.
+  const std::string t_k1 = std::string("\0t\0k1", 5);
+  ASSERT_TRUE(state.BatchPutStart("owner", std::vector<PutStartItem>{{t_k1, 4096}}, {}).ok());
+  ASSERT_TRUE(state.BatchPutEnd("owner", std::vector<std::string_view>{t_k1}).ok());
+  const std::string t_absent[] = {std::string("\0t\0x", 4), std::string("\0t\0y", 4),
+                                  std::string("\0t\0z", 4)};
+  ASSERT_TRUE(state
+                  .BatchExist("reader", std::vector<std::string_view>{t_k1, t_absent[0],
+                                                                      t_absent[1], t_absent[2]})
+                  .ok());
+  ASSERT_TRUE(state.BatchGetReplicas("reader", std::vector<std::string_view>{t_k1}).ok());
   ClientTraffic traffic;
   traffic.routes.push_back({"owner", "shm", 4, 8192, 0});
   traffic.routes.push_back({"owner", "tcp", 1, 100, 1});
@@ -301,15 +366,43 @@ TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
   auto s = nlohmann::json::parse(summary->body);
   EXPECT_EQ(s["version"], Version());
   EXPECT_EQ(s["role"], "single");
-  EXPECT_EQ(s["objects"], 2);
-  EXPECT_EQ(s["bytes_used"], 8192);
+  EXPECT_EQ(s["objects"], 3);
+  EXPECT_EQ(s["bytes_used"], 3 * 4096);
   EXPECT_EQ(s["bytes_capacity"], 2 << 20);
   EXPECT_EQ(s["segments"], 2);
   EXPECT_EQ(s["clients"], 2);
-  EXPECT_EQ(s["puts"], 2);
-  EXPECT_EQ(s["gets"], 3);
+  EXPECT_EQ(s["puts"], 3);
+  EXPECT_EQ(s["gets"], 4);
   EXPECT_EQ(s["get_misses"], 1);
-  EXPECT_DOUBLE_EQ(s["hit_rate"].get<double>(), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(s["get_hit_rate"].get<double>(), 3.0 / 4.0);
+  EXPECT_EQ(s["lookups"], 4);
+  EXPECT_EQ(s["lookup_misses"], 3);
+  EXPECT_DOUBLE_EQ(s["lookup_hit_rate"].get<double>(), 1.0 / 4.0);
+  // What the engines saw: the default tenant's gets (2 of 3) and tenant t's lookups (1 of 4).
+  EXPECT_DOUBLE_EQ(s["hit_rate"].get<double>(), 3.0 / 7.0);
+
+  auto tenants = http.Get("/api/tenants");
+  ASSERT_TRUE(tenants);
+  auto t = nlohmann::json::parse(tenants->body);
+  ASSERT_EQ(t["tenants"].size(), 2u) << t;
+  EXPECT_EQ(t["tenants"][0]["tenant"], "");
+  EXPECT_EQ(t["tenants"][0]["hit_rate_of"], "gets");
+  EXPECT_DOUBLE_EQ(t["tenants"][0]["hit_rate"].get<double>(), 2.0 / 3.0);
+  EXPECT_EQ(t["tenants"][1]["tenant"], "t");
+  EXPECT_EQ(t["tenants"][1]["hit_rate_of"], "lookups");
+  EXPECT_EQ(t["tenants"][1]["lookups"], 4);
+  EXPECT_EQ(t["tenants"][1]["gets"], 1);
+  EXPECT_DOUBLE_EQ(t["tenants"][1]["hit_rate"].get<double>(), 1.0 / 4.0);
+  EXPECT_FALSE(t.contains("other_tenants"));
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* line : {"larder_lookups_total 4\n", "larder_lookup_misses_total 3\n",
+                           "larder_tenant_lookups_total{tenant=\"t\"} 4\n",
+                           "larder_tenant_lookup_misses_total{tenant=\"t\"} 3\n",
+                           "larder_tenant_gets_total{tenant=\"\"} 3\n",
+                           "larder_tenant_get_misses_total{tenant=\"\"} 1\n"}) {
+    EXPECT_NE(metrics->body.find(line), std::string::npos) << line;
+  }
   for (const char* field : {"ops_per_s", "evictions_per_s", "lease_expiries", "evictions"}) {
     EXPECT_TRUE(s.contains(field)) << field;
   }
@@ -322,8 +415,8 @@ TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
   EXPECT_EQ(a["owner"], "owner");
   EXPECT_EQ(a["host_id"], "host-a");
   EXPECT_EQ(a["size"], 1 << 20);
-  EXPECT_EQ(a["used"], 8192);
-  EXPECT_EQ(a["objects"], 2);
+  EXPECT_EQ(a["used"], 3 * 4096);
+  EXPECT_EQ(a["objects"], 3);
   EXPECT_EQ(a["page_size"], 2097152);
   // What the reader moved from the owner, as the reader's heartbeat said.
   EXPECT_EQ(a["routes_to_owner"]["shm"]["bytes"], 8192);

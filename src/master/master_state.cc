@@ -276,7 +276,9 @@ HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id, ClientTraf
       if (route.route.size() > kMaxTrafficLabelBytes) route.route.resize(kMaxTrafficLabelBytes);
     }
     MutexLock lock(traffic_mu_);
-    traffic_[client_id] = std::move(*traffic);
+    auto [last, first] = traffic_.try_emplace(client_id);
+    if (!first) traffic_totals_.Add(client_id, last->second, *traffic);
+    last->second = std::move(*traffic);
   }
   return outcome;
 }
@@ -284,6 +286,11 @@ HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id, ClientTraf
 std::vector<std::pair<std::string, ClientTraffic>> MasterState::Traffic() const {
   MutexLock lock(traffic_mu_);
   return {traffic_.begin(), traffic_.end()};
+}
+
+std::map<TrafficTotals::Key, TrafficTotals::Counters> MasterState::TrafficByLocality() const {
+  MutexLock lock(traffic_mu_);
+  return traffic_totals_.totals();
 }
 
 void MasterState::ForgetTraffic(const std::string& client_id) {
@@ -627,6 +634,7 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
   const int64_t rebuilding_until = rebuilding_until_.load(std::memory_order_relaxed);
   const bool rebuilding = lease && now < rebuilding_until;
   uint64_t hits = 0, misses = 0;
+  TenantTally tally;
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
     GetOutcome& outcome = batch.items[i];
@@ -642,11 +650,13 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
       outcome.status = rebuilding ? RebuildingError(ref.key, rebuilding_until - now)
                                   : NotFoundError("key " + QuoteKey(ref.key) + " not found");
       ++misses;
+      if (lease) tally.Get(ref.key, false);
       continue;
     }
     if (object->state != ObjectState::kComplete) {
       outcome.status = UnavailableError("key " + QuoteKey(ref.key) + " is still being written");
       ++misses;
+      if (lease) tally.Get(ref.key, false);
       continue;
     }
     if (lease) {
@@ -670,6 +680,7 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
       outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
     }
     ++hits;
+    if (lease) tally.Get(ref.key, true);
   }
   // TOUCHes are logged after the shard locks: a late one is harmless (a client applies a TOUCH
   // only to the entry it names, and keeps the latest tick).
@@ -681,6 +692,7 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
   if (lease) {
     counters_.gets.fetch_add(hits, std::memory_order_relaxed);
     counters_.get_misses.fetch_add(misses, std::memory_order_relaxed);
+    tenant_counters_.Merge(tally);
   }
   return batch;
 }
@@ -731,19 +743,29 @@ Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id
   LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   std::vector<Status> results(keys.size());
+  uint64_t misses = 0;
+  TenantTally tally;
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
     if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
       results[i] = std::move(invalid);
+      ++misses;
       continue;
     }
     Shard& shard = ShardFor(ref);
     MutexLock lock(shard.mu);
     Object* object = shard.Find(ref);
-    if (object == nullptr || object->state != ObjectState::kComplete) {
+    const bool found = object != nullptr && object->state == ObjectState::kComplete;
+    if (!found) {
       results[i] = NotFoundError("key " + QuoteKey(ref.key) + " not found");
+      ++misses;
     }
+    tally.Lookup(ref.key, found);
   }
+  // Lookups are what a serving engine's hit rate is made of (tenant_stats.h).
+  counters_.lookups.fetch_add(keys.size(), std::memory_order_relaxed);
+  counters_.lookup_misses.fetch_add(misses, std::memory_order_relaxed);
+  tenant_counters_.Merge(tally);
   return results;
 }
 
@@ -880,6 +902,8 @@ MasterStats MasterState::Stats() const {
   stats.puts = counters_.puts.load();
   stats.gets = counters_.gets.load();
   stats.get_misses = counters_.get_misses.load();
+  stats.lookups = counters_.lookups.load();
+  stats.lookup_misses = counters_.lookup_misses.load();
   stats.removes = counters_.removes.load();
   stats.evictions = counters_.evictions.load();
   stats.evicted_bytes = counters_.evicted_bytes.load();

@@ -22,6 +22,8 @@
 #include "master/leases.h"
 #include "master/object_shards.h"
 #include "master/segment_table.h"
+#include "master/tenant_stats.h"
+#include "master/traffic_totals.h"
 #include "master/types.h"
 
 namespace larder::master {
@@ -168,13 +170,17 @@ class MasterState {
   Result<std::vector<Status>> UnmountSegments(const std::string& client_id,
                                               std::span<const PoolSegmentId> segments,
                                               bool unregister = false);
-  // Marks the client alive and keeps its traffic report (when given) for the metrics.
+  // Marks the client alive and keeps its traffic report (when given) for the metrics, adding what
+  // it counts beyond the client's previous report to TrafficByLocality.
   // remount_required when the master does not know it.
   HeartbeatOutcome Heartbeat(const std::string& client_id, ClientTraffic* traffic = nullptr);
   // Bumped whenever a segment is unmounted or lost with its client.
   uint64_t segments_version() const { return segments_version_.load(); }
   // The last traffic report of every live client that sent one, by client id.
   std::vector<std::pair<std::string, ClientTraffic>> Traffic() const;
+  // Every client's transfer counters summed by route and locality since this master started
+  // (traffic_totals.h).
+  std::map<TrafficTotals::Key, TrafficTotals::Counters> TrafficByLocality() const;
   // The registered clients (those not yet expired or gone), sorted by id.
   std::vector<ClientView> ListClients() const;
 
@@ -275,6 +281,8 @@ class MasterState {
   // caller bounds the number of keys.
   std::vector<GetOutcome> DescribeKeys(std::span<const std::string_view> keys) const;
   MasterStats Stats() const;
+  // Lookups and gets by tenant (tenant_stats.h).
+  TenantCounters::Snapshot TenantStats() const { return tenant_counters_.Get(); }
   // How long leases were held: from grant to release, or the TTL for those that expired.
   LatencyHistogram::Snapshot LeaseHoldTimes() const { return lease_hold_.Read(); }
   // How long each eviction run took.
@@ -441,6 +449,7 @@ class MasterState {
   mutable Mutex traffic_mu_;
   // Of live clients.
   std::map<std::string, ClientTraffic> traffic_ LARDER_GUARDED_BY(traffic_mu_);
+  TrafficTotals traffic_totals_ LARDER_GUARDED_BY(traffic_mu_);
   void ForgetTraffic(const std::string& client_id) LARDER_EXCLUDES(traffic_mu_);
   uint32_t next_client_slot_ LARDER_GUARDED_BY(clients_mu_) = 1;
 
@@ -472,13 +481,14 @@ class MasterState {
   std::atomic<uint64_t> tick_{0};
   std::atomic<uint64_t> objects_{0};
   struct Counters {
-    std::atomic<uint64_t> puts{0}, gets{0}, get_misses{0}, removes{0}, evictions{0},
-        evicted_bytes{0}, lease_expiries{0}, lease_releases{0}, lease_releases_unknown{0},
-        lease_releases_refused{0}, put_refusals_no_space{0}, put_refusals_invalid{0},
-        eviction_runs{0}, eviction_scanned{0}, put_revokes{0}, client_expiries{0},
-        recovered_objects{0}, catalog_entries_dropped{0};
+    std::atomic<uint64_t> puts{0}, gets{0}, get_misses{0}, lookups{0}, lookup_misses{0}, removes{0},
+        evictions{0}, evicted_bytes{0}, lease_expiries{0}, lease_releases{0},
+        lease_releases_unknown{0}, lease_releases_refused{0}, put_refusals_no_space{0},
+        put_refusals_invalid{0}, eviction_runs{0}, eviction_scanned{0}, put_revokes{0},
+        client_expiries{0}, recovered_objects{0}, catalog_entries_dropped{0};
   };
   mutable Counters counters_;
+  TenantCounters tenant_counters_;
 
   // (master clock, evictions so far), one sample per sweep over the last kRateWindow.
   mutable Mutex rate_mu_;

@@ -30,6 +30,7 @@ StatusSample SampleStatus(const MasterState& state, int64_t unix_ms, int64_t ste
   sample.removes = stats.removes;
   sample.evictions = stats.evictions;
   sample.lease_expiries = stats.lease_expiries;
+  sample.tenants = state.TenantStats();
   sample.objects = stats.objects;
   sample.bytes_used = stats.bytes_used;
   sample.bytes_capacity = stats.bytes_capacity;
@@ -56,8 +57,18 @@ StatusPoint Between(const StatusSample& before, const StatusSample& after) {
     const uint64_t gets = after.gets - before.gets;
     const uint64_t misses =
         std::min(gets, after.get_misses - std::min(after.get_misses, before.get_misses));
-    point.hit_rate = static_cast<double>(gets - misses) / static_cast<double>(gets);
+    point.get_hit_rate = static_cast<double>(gets - misses) / static_cast<double>(gets);
   }
+  // Each tenant on its own (one may look up and another not); one new in the interval counts
+  // from zero (its counts start when the master first sees it).
+  std::vector<std::pair<std::string, TenantTraffic>> tenants;
+  for (const auto& [name, traffic] : after.tenants.tenants) {
+    auto it = std::lower_bound(before.tenants.tenants.begin(), before.tenants.tenants.end(), name,
+                               [](const auto& row, const std::string& n) { return row.first < n; });
+    const bool seen = it != before.tenants.tenants.end() && it->first == name;
+    tenants.emplace_back(name, traffic.Since(seen ? it->second : TenantTraffic{}));
+  }
+  point.hit_rate = ServingHitRate(tenants, after.tenants.others.Since(before.tenants.others));
   point.objects = after.objects;
   point.bytes_used = after.bytes_used;
   point.bytes_capacity = after.bytes_capacity;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "master/tenant_stats.h"
 
 namespace larder::master {
 
@@ -23,8 +24,10 @@ class MasterState;
 struct StatusSample {
   int64_t unix_ms = 0;    // wall clock, for the page's time axis
   int64_t steady_ns = 0;  // a monotonic clock, for the rates
-  // Keys: `gets` counts every lookup, hit or miss; `get_misses` the misses among them.
+  // Keys: `gets` counts every key asked of GetReplicas, hit or miss; `get_misses` the misses.
   uint64_t puts = 0, gets = 0, get_misses = 0, removes = 0, evictions = 0, lease_expiries = 0;
+  // Lookups and gets by tenant, for the hit rate the serving engines see (tenant_stats.h).
+  TenantCounters::Snapshot tenants;
   uint64_t objects = 0, bytes_used = 0, bytes_capacity = 0;
   // Bytes the clients' engines reported moving, by (client, route). A client's counters start
   // over when the client does, so each is differenced on its own: a drop counts as nothing, and
@@ -38,7 +41,9 @@ struct StatusPoint {
   double seconds = 0;   // its length
   double puts_per_s = 0, gets_per_s = 0, removes_per_s = 0, ops_per_s = 0;
   double evictions_per_s = 0, lease_expiries_per_s = 0;
-  std::optional<double> hit_rate;  // of the interval's gets; none when there was no get
+  // The hit rate the serving engines saw (ServingHitRate: their lookups', where they look up),
+  // and the gets' own; none when nothing was asked.
+  std::optional<double> hit_rate, get_hit_rate;
   uint64_t objects = 0, bytes_used = 0, bytes_capacity = 0;  // at the end
   std::map<std::string, double> route_bytes_per_s;           // summed over the clients
 };

@@ -38,11 +38,35 @@ TEST(StatusHistoryTest, RatesAreTheCountersDifferencedOverTheInterval) {
   EXPECT_DOUBLE_EQ(point.removes_per_s, 0.0);
   EXPECT_DOUBLE_EQ(point.ops_per_s, 40.0);
   EXPECT_DOUBLE_EQ(point.evictions_per_s, 2.0);
-  ASSERT_TRUE(point.hit_rate.has_value());
-  EXPECT_DOUBLE_EQ(*point.hit_rate, 0.75);
+  ASSERT_TRUE(point.get_hit_rate.has_value());
+  EXPECT_DOUBLE_EQ(*point.get_hit_rate, 0.75);
   EXPECT_EQ(point.objects, 3u);
   EXPECT_EQ(point.bytes_used, 4096u);
   EXPECT_EQ(point.bytes_capacity, 8192u);
+}
+
+TEST(StatusHistoryTest, TheHitRateIsTheEnginesLookupsWhereTheyLookUp) {
+  TenantTraffic looks_up, gets_only;
+  looks_up.lookups = 100;
+  looks_up.lookup_misses = 50;
+  looks_up.gets = 50;
+  gets_only.gets = 10;
+  StatusSample before = At(0);
+  before.tenants.tenants = {{"a", looks_up}, {"b", gets_only}};
+  // In the interval: tenant a looked up 20 keys and found 5 (and got those 5, all hits); tenant
+  // b got 10 keys and 5 missed; tenant c, new, got 4 and all hit.
+  looks_up.lookups += 20;
+  looks_up.lookup_misses += 15;
+  looks_up.gets += 5;
+  gets_only.gets += 10;
+  gets_only.get_misses += 5;
+  TenantTraffic fresh;
+  fresh.gets = 4;
+  StatusSample after = At(1);
+  after.tenants.tenants = {{"a", looks_up}, {"b", gets_only}, {"c", fresh}};
+  StatusPoint point = Between(before, after);
+  ASSERT_TRUE(point.hit_rate.has_value());
+  EXPECT_DOUBLE_EQ(*point.hit_rate, (5.0 + 5.0 + 4.0) / (20.0 + 10.0 + 4.0));
 }
 
 TEST(StatusHistoryTest, NoGetsMeansNoHitRateAndCountersThatDropCountAsNothing) {

@@ -54,7 +54,7 @@ token. <input id="token" type="password" size="40" placeholder="admin token">
   <div class="card"><div class="label">objects</div><div class="value" id="objects">-</div></div>
   <div class="card"><div class="label">bytes used / capacity</div>
     <div class="value"><span id="bytes_used">-</span> / <span id="bytes_capacity">-</span></div></div>
-  <div class="card"><div class="label">hit rate (all gets)</div><div class="value" id="hit_rate">-</div></div>
+  <div class="card"><div class="label">hit rate (as engines see it)</div><div class="value" id="hit_rate">-</div></div>
   <div class="card"><div class="label">ops/s (last interval)</div><div class="value" id="ops_per_s">-</div></div>
   <div class="card"><div class="label">evictions/s (10 s)</div><div class="value" id="evictions_per_s">-</div></div>
   <div class="card"><div class="label">evictions</div><div class="value" id="evictions">-</div></div>
@@ -68,6 +68,9 @@ token. <input id="token" type="password" size="40" placeholder="admin token">
   <div class="chart"><h3>bytes per second by route</h3><svg id="chart-routes"></svg>
     <div class="legend" id="legend-routes"></div></div>
 </div>
+<h2>Tenants</h2>
+<table><thead><tr><th>tenant</th><th>lookups</th><th>gets</th><th>hit rate</th><th>of</th></tr></thead>
+<tbody id="tenant-rows"></tbody></table>
 <h2>Segments</h2>
 <table><thead><tr><th>name</th><th>owner</th><th>host</th><th>size</th><th>used</th>
 <th>objects</th><th>page</th><th>bytes moved with the owner, by route</th></tr></thead>
@@ -185,6 +188,19 @@ function renderSegments(list) {
     cell(row, routes(s.routes_to_owner), "routes");
   }
 }
+function renderTenants(list) {
+  const body = document.getElementById("tenant-rows");
+  body.replaceChildren();
+  const rows = list.tenants.map(t => [t.tenant === "" ? "(default)" : t.tenant, t]);
+  if (list.other_tenants) rows.push(["(other tenants)", list.other_tenants]);
+  for (const [name, t] of rows) {
+    const row = body.insertRow();
+    row.dataset.tenant = name;
+    cell(row, name, "tenant"); cell(row, t.lookups, "lookups", true);
+    cell(row, t.gets, "gets", true); cell(row, percent(t.hit_rate), "hit_rate", true);
+    cell(row, t.hit_rate_of, "hit_rate_of");
+  }
+}
 function renderClients(list) {
   const body = document.getElementById("client-rows");
   body.replaceChildren();
@@ -199,12 +215,14 @@ function renderClients(list) {
 }
 async function refresh() {
   try {
-    const [summary, history, segments, clients] = await Promise.all(
-        [get("/api/summary"), get("/api/history"), get("/api/segments"), get("/api/clients")]);
+    const [summary, history, segments, clients, tenants] = await Promise.all(
+        [get("/api/summary"), get("/api/history"), get("/api/segments"), get("/api/clients"),
+         get("/api/tenants")]);
     if (summary) renderSummary(summary);
     if (history) renderHistory(history);
     if (segments) renderSegments(segments);
     if (clients) renderClients(clients);
+    if (tenants) renderTenants(tenants);
     text("error", "");
     document.body.dataset.refreshed = String(Date.now());
   } catch (e) {

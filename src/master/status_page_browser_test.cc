@@ -141,6 +141,17 @@ TEST_F(StatusPageBrowserTest, PageRendersWhatTheJsonRoutesSay) {
   }
   std::vector<std::string_view> keys = {"page/0", "page/1", "page/2", "absent"};
   ASSERT_TRUE(state.BatchGetReplicas("decode-0", keys).ok());
+  // Tenant "sglang" looks its keys up first: 1 of 4 found.
+  const std::vector<std::string> sglang_keys = {
+      std::string("\0sglang\0page/9", 15), std::string("\0sglang\0x", 10),
+      std::string("\0sglang\0y", 10), std::string("\0sglang\0z", 10)};
+  const std::vector<std::string_view> lookups(sglang_keys.begin(), sglang_keys.end());
+  {
+    PutStartItem item{sglang_keys[0], 1 << 20};
+    ASSERT_TRUE(state.BatchPutStart("prefill-0", std::span(&item, 1), {}).ok());
+    ASSERT_TRUE(state.BatchPutEnd("prefill-0", std::span(&lookups[0], 1)).ok());
+  }
+  ASSERT_TRUE(state.BatchExist("decode-0", lookups).ok());
   ClientTraffic traffic;
   traffic.routes.push_back({"prefill-0", "shm", 3, 9 << 20, 0});
   traffic.routes.push_back({"prefill-0", "tcp", 1, 1000, 0});
@@ -168,10 +179,19 @@ TEST_F(StatusPageBrowserTest, PageRendersWhatTheJsonRoutesSay) {
   EXPECT_EQ(TextAfter(dom, "id=\"hit_rate\""), hit_rate);
   EXPECT_EQ(TextAfter(dom, "id=\"clients\""), std::to_string(summary["clients"].get<int>()));
   EXPECT_EQ(TextAfter(dom, "id=\"segments\""), std::to_string(summary["segments"].get<int>()));
-  // And the figures are the ones put in above.
-  EXPECT_EQ(summary["objects"], 5);
-  EXPECT_EQ(TextAfter(dom, "id=\"bytes_used\""), "15.0 MiB");
-  EXPECT_EQ(TextAfter(dom, "id=\"hit_rate\""), "75.0%");
+  // And the figures are the ones put in above: the engines found 3 of 4 gets (default tenant)
+  // and 1 of 4 lookups (tenant sglang).
+  EXPECT_EQ(summary["objects"], 6);
+  EXPECT_EQ(TextAfter(dom, "id=\"bytes_used\""), "16.0 MiB");
+  EXPECT_EQ(TextAfter(dom, "id=\"hit_rate\""), "50.0%");
+  const size_t sglang_row = dom.find("data-tenant=\"sglang\"");
+  ASSERT_NE(sglang_row, std::string::npos) << "no row for tenant sglang";
+  EXPECT_EQ(TextAfter(dom, "data-field=\"lookups\"", sglang_row), "4");
+  EXPECT_EQ(TextAfter(dom, "data-field=\"hit_rate\"", sglang_row), "25.0%");
+  EXPECT_EQ(TextAfter(dom, "data-field=\"hit_rate_of\"", sglang_row), "lookups");
+  const size_t default_row = dom.find("data-tenant=\"(default)\"");
+  ASSERT_NE(default_row, std::string::npos) << "no row for the default tenant";
+  EXPECT_EQ(TextAfter(dom, "data-field=\"hit_rate\"", default_row), "75.0%");
 
   auto segments_reply = http.Get("/api/segments");
   ASSERT_TRUE(segments_reply);

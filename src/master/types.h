@@ -62,6 +62,10 @@ struct MasterOptions {
   // Whether eviction may take soft-pinned objects (oldest first) once no unpinned object is left
   // to evict. false: soft-pinned objects are evicted only after their pin ran out.
   bool evict_soft_pinned = true;
+  // Whether /metrics also has series per client engine (larder_client_*{client, peer, route}).
+  // Their labels are engine ids, which hold a pid and a per-process key: every restart of a
+  // client starts new series. false: only the totals by route and locality.
+  bool metrics_per_client = false;
   // Time source; tests substitute a fake clock.
   std::function<Clock::time_point()> clock = [] { return Clock::now(); };
 };
@@ -319,6 +323,8 @@ struct MasterStats {
   uint64_t puts = 0;
   uint64_t gets = 0;
   uint64_t get_misses = 0;
+  uint64_t lookups = 0;        // keys asked of BatchExist, hit or miss
+  uint64_t lookup_misses = 0;  // of those, absent or incomplete
   uint64_t removes = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;

@@ -291,7 +291,7 @@ Status Engine::Init() {
       threads, "larder-copy", context_.traffic_class == TrafficClass::kBulk ? kBulkNice : 0);
   context_.copy_pool = copy_pool_.get();
 
-  LARDER_ASSIGN_OR_RETURN(HostPort listen, ParseHostPort(options_.listen_address));
+  LARDER_ASSIGN_OR_RETURN(HostPort listen, ResolveHostPort(options_.listen_address));
   context_.listen_host = listen.host;
   context_.advertised_host = AdvertisedHost(listen.host);
   server_ = std::make_unique<wire::FrameServer>(context_);
@@ -428,7 +428,7 @@ bool Engine::LocalRangeRegistered(const void* ptr, uint64_t length) const {
 
 Result<std::vector<SegmentDescriptor>> Engine::ListPeerSegments(const std::string& address,
                                                                 std::chrono::milliseconds timeout) {
-  LARDER_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address));
+  LARDER_ASSIGN_OR_RETURN(HostPort hp, ResolveHostPort(address));
   return FetchDescriptors(hp, context_, Clock::now() + timeout);
 }
 

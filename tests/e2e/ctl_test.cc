@@ -368,6 +368,22 @@ TEST_F(CtlTest, DrainWithABudgetMovesTheMostUsedAndDropsTheRest) {
   EXPECT_EQ(*value, Value(3));
 }
 
+// A drain of a big segment takes a while: it says at once what it is about to move (on stderr;
+// stdout keeps the result).
+TEST_F(CtlTest, DrainSaysWhatItWillMoveBeforeItMoves) {
+  auto second = SecondClient(address_);
+  ASSERT_NE(second, nullptr);
+  Ctl drained = Run({"drain", "ctl-test-segment", "--keep"});
+  ASSERT_EQ(drained.exit_code, 0) << drained.err << drained.out;
+  EXPECT_NE(drained.err.find("segment ctl-test-segment holds 6 objects"), std::string::npos)
+      << drained.err;
+  EXPECT_EQ(drained.out.find("holds"), std::string::npos) << drained.out;
+  EXPECT_NE(drained.out.find("moved 6 objects"), std::string::npos) << drained.out;
+  Ctl quiet = Run({"--json", "drain", "ctl-test-segment", "--undo"});
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("holds"), std::string::npos) << quiet.err;
+}
+
 // `larder-bench store` against a master of the user's says so, puts into a tenant of its own and
 // removes its objects at the end: the master holds what it held before.
 TEST_F(CtlTest, StoreBenchOnALiveMasterLeavesNothingBehind) {

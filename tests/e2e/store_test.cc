@@ -362,7 +362,7 @@ json WaitForStats(ChildProcess& worker, Condition done, milliseconds timeout) {
 // A reader's device imports go with the segments: an owner killed (expired by the master) and an
 // owner that unmounts each take the reader's import of their segment with them.
 TEST(StoreE2ETest, ReadersDropTheDeviceImportsOfSegmentsThatAreGone) {
-  Master master = StartMaster({"--client-ttl", "3s"});
+  Master master = StartMaster({"--client-ttl", "3s", "--metrics-per-client"});
   const std::map<std::string, std::string> env = {{"LARDER_STORE_PROTOCOL", "device"}};
   ChildProcess reader = StartWorker(master, "reader", "8M", env, {"--device", "0"});
   ChildProcess killed = StartWorker(master, "killed", "16M", env, {"--device", "1"});
@@ -403,7 +403,7 @@ TEST(StoreE2ETest, ReadersDropTheDeviceImportsOfSegmentsThatAreGone) {
 TEST(StoreE2ETest, ReadersDropTheMappingsOfSegmentsThatAreGone) {
   // A reader maps each owner's segment on its first read of it. When an owner dies (its process
   // is watched) or unmounts (the master says so), the mapping goes and the memory with it.
-  Master master = StartMaster({"--client-ttl", "3s"});
+  Master master = StartMaster({"--client-ttl", "3s", "--metrics-per-client"});
   ChildProcess reader = StartWorker(master, "reader", "16M");
   constexpr int kOwners = 4;
   constexpr int kValues = 48;

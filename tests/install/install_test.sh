@@ -119,6 +119,8 @@ has "$(dpkg-deb --contents "$tools_deb")" "/lib/systemd/system/larder-master.ser
   fail "larder-tools.deb lacks the larder-master unit"
 has "$(dpkg-deb --contents "$tools_deb")" "./etc/default/larder-client" ||
   fail "larder-tools.deb lacks /etc/default/larder-client"
+has "$(dpkg-deb --contents "$tools_deb")" "$prefix/share/larder/monitoring/larder-alerts.yml" ||
+  fail "larder-tools.deb lacks the Prometheus alert rules"
 has "$(dpkg-deb --field "$tools_deb" Depends)" "libgrpc++" ||
   fail "larder-tools.deb does not depend on Debian's gRPC"
 has "$(dpkg-deb --field "$lib_deb" Depends)" "libgrpc++" ||

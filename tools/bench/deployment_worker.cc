@@ -117,6 +117,8 @@ class Prefill {
                             StoreClientOptions::FromEnvironment());
     if (!options_.master.empty()) store_options.master_address = options_.master;
     store_options.global_segment_size = options_.segment_size;
+    // The bench writes a bounded working set: the RFC's 700 GB segments run on a small machine.
+    store_options.sparse_segment = true;
     store_options.segment_name = options_.name;
     LARDER_ASSIGN_OR_RETURN(client_, StoreClient::Create(store_options));
 

@@ -446,7 +446,7 @@ int RunReplayBench(const ReplayOptions& options) {
   std::string trace = options.trace.empty() ? DefaultTracePath() : options.trace;
   if (trace.empty()) {
     std::cerr << "larder-bench replay: no trace: pass --trace FILE or set LARDER_TRACE (default "
-                 "../shared/traces/conversation_trace.jsonl is not there)\n";
+              << kFetchedTracePath << " is not there; docs/replay.md says where to get it)\n";
     return 2;
   }
   auto requests = LoadTrace(trace, options.requests);

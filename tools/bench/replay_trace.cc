@@ -63,9 +63,9 @@ Result<std::vector<TraceRequest>> LoadTrace(const std::string& path, uint64_t ma
 
 std::string DefaultTracePath() {
   if (std::string path = GetEnv("LARDER_TRACE"); !path.empty()) return path;
-  std::string shared = "../shared/traces/conversation_trace.jsonl";
+  std::string fetched(kFetchedTracePath);
   std::error_code error;
-  return std::filesystem::is_regular_file(shared, error) ? shared : "";
+  return std::filesystem::is_regular_file(fetched, error) ? fetched : "";
 }
 
 std::string BlockKey(uint64_t id) { return "blk/" + std::to_string(id); }

@@ -25,9 +25,12 @@ struct TraceRequest {
 // no `hash_ids` array of non-negative integers, a block id repeated within one request).
 Result<std::vector<TraceRequest>> LoadTrace(const std::string& path, uint64_t max_requests = 0);
 
-// The trace used when none is named: $LARDER_TRACE when set, else
-// ../shared/traces/conversation_trace.jsonl (relative to the working directory) when that file
-// exists, else "".
+// Where docs/replay.md's fetch command puts Mooncake's FAST'25 conversation trace, relative to
+// the repository root (git ignores it).
+inline constexpr char kFetchedTracePath[] = "bench/traces/conversation_trace.jsonl";
+
+// The trace used when none is named: $LARDER_TRACE when set, else kFetchedTracePath (relative to
+// the working directory) when that file exists, else "".
 std::string DefaultTracePath();
 
 // The store key of block `id`: "blk/<id>".

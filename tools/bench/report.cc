@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 
 namespace larder::bench {
 
@@ -17,6 +18,10 @@ double Percentile(std::vector<double>& samples, double p) {
   std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(index),
                    samples.end());
   return samples[index];
+}
+
+void Stage(bool enabled, std::string_view what) {
+  if (enabled) std::cerr << "larder-bench: " << what << "\n" << std::flush;
 }
 
 ProgressBar::ProgressBar(std::string label, std::chrono::milliseconds total,

@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,10 @@ class ProgressBar {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// One line on stderr saying what a bench does before its measurement starts ("starting a target
+// process", "warming up ..."), so that its first seconds are not silent. Nothing unless enabled.
+void Stage(bool enabled, std::string_view what);
 
 // A table printed with columns padded to their widest cell.
 class Table {

@@ -112,6 +112,8 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
     }
   }
 
+  // What happens before the first measurement (a target process, the warm-up) takes seconds.
+  const bool stages = o.progress && !o.json;
   // The initiator engine, and the segment it reads and writes.
   TransferEngineOptions engine_options;
   engine_options.protocol = o.transport;
@@ -137,9 +139,12 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
       // The target exports through the transport under test beside its other routes (ucx, for
       // one, exports nothing through "auto" alone on a host without RDMA).
       target_options.protocol = "auto," + o.transport;
+      Stage(stages, "starting a target process with a " + FormatByteSize(o.segment_size) +
+                        " segment (larder-bench target)");
       LARDER_ASSIGN_OR_RETURN(target, SpawnTarget(target_options));
       address = target.address();
     }
+    Stage(stages, "opening the segment at " + address);
     LARDER_ASSIGN_OR_RETURN(segment, engine->OpenSegment(address, o.segment_name));
   }
   LARDER_ASSIGN_OR_RETURN(RouteKind route, engine->SegmentRoute(segment));
@@ -150,6 +155,9 @@ Result<std::vector<TransferBenchRow>> RunTransferBench(const TransferBenchOption
   }
   bool progress = o.progress && !o.json && isatty(STDERR_FILENO);
 
+  Stage(stages, "route " + std::string(RouteKindName(route)) + "; preparing the " +
+                    FormatByteSize(working_set) +
+                    " working set (memcpy's region, then one untimed pass each way)");
   // memcpy's source/destination: a separate region of the working set's size, touched once.
   LARDER_ASSIGN_OR_RETURN(auto memcpy_region, AllocateAnonymous(working_set, HugePages::kOff));
   std::memset(memcpy_region->data(), 0x33, memcpy_region->size());

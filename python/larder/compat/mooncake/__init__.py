@@ -46,6 +46,7 @@ from ._store import (
     SoftPinAction,
 )
 from ._tensor import deserialize_tensor, serialize_tensor, tensor_metadata_size
+from ._tensor_parallel import ParallelAxis, ReadTarget, TensorParallelism
 
 # First the names ``mooncake.store`` exports (python/shim/mooncake/store.py re-exports them), then
 # ``mooncake.engine``'s and the helpers'.
@@ -58,12 +59,15 @@ __all__ = [
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "ParallelAxis",
+    "ReadTarget",
     "RegisteredBufferLease",
     "RegisteredBufferPool",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
+    "TensorParallelism",
 ]
 _STORE_EXPORTS = tuple(__all__)
 __all__ += [

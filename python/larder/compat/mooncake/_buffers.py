@@ -20,9 +20,11 @@ pool:
   ``alignment``-aligned.
 * ``prewarm`` allocates and registers regions ahead (Mooncake's native pool ignores it when the
   store has a local buffer).
-* Argument errors raise ``TypeError`` / ``ValueError``; pool states raise ``RuntimeError`` with
-  Mooncake's messages ("buffer pool is exhausted", "timed out waiting for buffer", "requested
-  buffer size exceeds pool capacity", "buffer pool is closed").
+* Argument values the pool refuses raise ``BufferPoolArgumentError``, a ``RuntimeError`` (what
+  Mooncake's native pool raises) that is also a ``ValueError``; wrong types raise ``TypeError``;
+  pool states raise ``RuntimeError`` with Mooncake's messages ("buffer pool is exhausted", "timed
+  out waiting for buffer", "requested buffer size exceeds pool capacity", "buffer pool is
+  closed").
 
 This module uses only the standard library (no torch, no larder extension).
 """
@@ -76,6 +78,11 @@ def _round_up(value: int, multiple: int) -> int:
 
 def _next_power_of_two(value: int) -> int:
     return 1 << (max(value, 1) - 1).bit_length()
+
+
+class BufferPoolArgumentError(RuntimeError, ValueError):
+    """An argument value the buffer pool refuses (an alignment that is not a power of two, a
+    negative size, ...): a RuntimeError, as Mooncake's native pool raises, and a ValueError."""
 
 
 # ---- host memory ----------------------------------------------------------------------------
@@ -317,21 +324,22 @@ class BufferPool:
             raise TypeError("store must have register_buffer(ptr, size) and unregister_buffer(ptr)")
         alignment = _positive(alignment, "alignment")
         if alignment < ctypes.sizeof(ctypes.c_void_p) or alignment & (alignment - 1):
-            raise ValueError("alignment must be a power of two and at least sizeof(void*)")
+            raise BufferPoolArgumentError(
+                "alignment must be a power of two and at least sizeof(void*)")
         self._min_size_class = _next_power_of_two(_positive(min_size_class, "min_size_class"))
         if max_size_class is None:
             max_size_class = alignment
         self._max_size_class = _positive(max_size_class, "max_size_class")
         if self._max_size_class < self._min_size_class:
-            raise ValueError("max_size_class must be at least min_size_class")
+            raise BufferPoolArgumentError("max_size_class must be at least min_size_class")
         largest_class = _next_power_of_two(self._max_size_class)
         self._region_size = max(largest_class, alignment, _PAGE)
         max_bytes = _as_size(max_bytes)
         if max_bytes is None or max_bytes < 0:
-            raise ValueError("max_bytes must be a non-negative int")
+            raise BufferPoolArgumentError("max_bytes must be a non-negative int")
         self._max_bytes = max_bytes or _DEFAULT_MAX_BYTES
         if self._max_bytes < self._region_size:
-            raise ValueError(
+            raise BufferPoolArgumentError(
                 f"max_bytes ({self._max_bytes}) is below the region size ({self._region_size})"
             )
         self._max_regions = None if max_regions is None else _positive(max_regions, "max_regions")
@@ -379,7 +387,7 @@ class BufferPool:
         if size is None:
             raise TypeError("size must be an int")
         if size < 0:
-            raise ValueError("size must be non-negative")
+            raise BufferPoolArgumentError("size must be non-negative")
         should_block = self._block_on_exhaustion if block is None else bool(block)
         timeout = self._default_timeout if timeout is None else _timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -448,7 +456,7 @@ class BufferPool:
         size = _as_size(size)
         count = _as_size(count)
         if size is None or count is None or size < 0 or count < 0:
-            raise ValueError("size and count must be non-negative ints")
+            raise BufferPoolArgumentError("size and count must be non-negative ints")
         if size > self._max_size_class:
             raise RuntimeError("cannot prewarm oversize buffers")
         block_size = max(self._min_size_class, _next_power_of_two(size))
@@ -729,7 +737,7 @@ class BufferPool:
 def _positive(value, name: str) -> int:
     number = _as_size(value)
     if number is None or number <= 0:
-        raise ValueError(f"{name} must be a positive int")
+        raise BufferPoolArgumentError(f"{name} must be a positive int")
     return number
 
 
@@ -739,7 +747,7 @@ def _timeout(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError("timeout must be a number of seconds or None")
     if value < 0:
-        raise ValueError("timeout must be non-negative")
+        raise BufferPoolArgumentError("timeout must be non-negative")
     return float(value)
 
 

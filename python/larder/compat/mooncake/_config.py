@@ -185,12 +185,21 @@ def _flag(name: str, value) -> bool:
     raise ValueError(f"{name}: '{value}' is not a boolean")
 
 
-def _split_host(local_hostname: str) -> tuple[str, int]:
-    """("ip", port) from "host", "host:port"; host names resolve to IPv4 addresses."""
+def _host_and_port(local_hostname: str) -> tuple[str, int]:
+    """("host", port) from "host" or "host:port", the host as written (port 0 when absent).
+    Raises ValueError for a port that is not a number in [0, 65535]."""
     host, port = local_hostname, 0
     if local_hostname.count(":") == 1:
         host, _, port_text = local_hostname.partition(":")
         port = int(port_text)
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port {port} of '{local_hostname}' is not in [0, 65535]")
+    return host, port
+
+
+def _split_host(local_hostname: str) -> tuple[str, int]:
+    """("ip", port) from "host", "host:port"; host names resolve to IPv4 addresses."""
+    host, port = _host_and_port(local_hostname)
     return socket.gethostbyname(host), port
 
 

@@ -36,6 +36,10 @@ INVALID_BATCH_ID = (1 << 64) - 1
 TRANSPORT_HINTS = frozenset({"", "rdma", "mnnvl", "shm", "nvlink", "gds", "io_uring", "tcp",
                              "ascend", "sunrise_link", "unspec"})
 
+# Protocols of device-memory fabrics, which Mooncake's engine refuses (initialize returns -1)
+# unless it was built with them; Larder's engine moves host memory only.
+_DEVICE_FABRICS = frozenset({"nvlink", "nvlink_intra", "hip"})
+
 # How long send_probe waits for the peer's answer.
 _PROBE_TIMEOUT_S = 2.0
 
@@ -171,7 +175,13 @@ class TransferEngine:
                    protocol: str = "tcp", device_name: str = "") -> int:
         """Starts the engine's data server on ``local_hostname`` ("ip" or "ip:port"; port 0 or
         none picks a free one). ``metadata_server`` and ``device_name`` are ignored. Returns 0 or
-        -1."""
+        -1; -1 also for the device fabrics "nvlink", "nvlink_intra" and "hip", as Mooncake's
+        engine built without them (SUPPORT_MNNVL, SUPPORT_INTRA_NVLINK, SUPPORT_HIP) refuses
+        them."""
+        if str(protocol or "").strip().lower() in _DEVICE_FABRICS:
+            _log.error("initialize: protocol %r moves device memory, which Larder's Mooncake "
+                       "engine does not reach (host memory only)", protocol)
+            return -1
         try:
             host, port = _split_host(str(local_hostname))
             engine = larder.TransferEngine(map_protocol(protocol, role="engine") or None,
@@ -484,11 +494,11 @@ class TransferEngine:
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                               length: int, transport_hint: str = "") -> int:
         """Starts writing ``length`` bytes of local ``buffer`` to the peer's
-        ``peer_buffer_address``; returns a batch id for transfer_check_status, or 2**64 - 1
-        (Mooncake's -1) on any failure."""
-        batch_id = self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address],
-                                             [length], TransferOpcode.Write, transport_hint)
-        return INVALID_BATCH_ID if batch_id == 0 else batch_id
+        ``peer_buffer_address``; returns a batch id for transfer_check_status, or what
+        batch_transfer_async returns for a failure, as Mooncake's does: 0 when the write is
+        refused, 2**64 - 1 when the peer cannot be reached."""
+        return self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address],
+                                         [length], TransferOpcode.Write, transport_hint)
 
     def get_batch_transfer_status(self, batch_ids) -> int:
         """Waits for every batch of ``batch_ids`` to finish and frees them all. Returns 0 when

@@ -12,20 +12,28 @@ from __future__ import annotations
 import enum
 import logging
 import operator
+import random
 import re
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 
 import larder
 
-from ._config import _is_address, _is_size, _split_host, load_config, map_protocol
+from ._config import _host_and_port, _is_address, _is_size, load_config, map_protocol
 from ._errors import _ARGUMENT_ERRORS, ErrorCode, _report, error_code
 from ._tensor import TensorMethods
+from ._tensor_files import TensorFileMethods
+from ._tensor_parallel import ParallelTensorMethods
 
 _log = logging.getLogger("larder.compat.mooncake")
 
 _INVALID = int(ErrorCode.INVALID_PARAMS)
 _U64_MAX = (1 << 64) - 1
+# Where a store serves when local_hostname names no port: Mooncake's range for its data port.
+_PORT_RANGE = (12300, 14300)
+# How many ports of that range setup tries before it lets the system pick one.
+_PORT_TRIES = 32
 
 
 class SoftPinAction(enum.IntEnum):
@@ -204,6 +212,23 @@ def _pattern_text(pattern) -> str:
     return pattern
 
 
+def _nbytes(value) -> int:
+    """The size of a bytes-like value; 0 for anything else (larder.Store refuses it)."""
+    try:
+        return memoryview(value).nbytes
+    except TypeError:
+        return 0
+
+
+def _outside(offset, size, limit: int) -> bool:
+    """Whether [offset, offset + size) leaves [0, limit); non-integers are left to the store."""
+    try:
+        offset, size = operator.index(offset), operator.index(size)
+    except TypeError:
+        return False
+    return offset < 0 or size < 0 or offset + size > limit
+
+
 def _lists_of(values, n: int, what: str) -> list:
     """``values`` as a list of n sequences; raises ValueError otherwise."""
     values = list(values)
@@ -215,7 +240,31 @@ def _lists_of(values, n: int, what: str) -> list:
     return values
 
 
-class MooncakeDistributedStore(TensorMethods):
+def _open_store(master: str, host: str, ip: str, port: int, options: dict) -> larder.Store:
+    """A larder.Store serving on ``ip`` and named "host:port": on ``port`` when it is not 0,
+    else (or when that port is taken) on a free port of Mooncake's range, else on one the system
+    picks. Raises the LarderError of the last attempt, or any other failure at once."""
+    low, high = _PORT_RANGE
+    candidates = random.sample(range(low, high + 1), _PORT_TRIES)
+    if port:
+        candidates.insert(0, port)
+    for candidate in candidates:
+        try:
+            store = larder.Store(master, local_hostname=f"{ip}:{candidate}",
+                                 segment_name=f"{host}:{candidate}", **options)
+        except larder.AlreadyExistsError as e:  # the port, or the segment name, is taken
+            _log.debug("setup: %s:%d: %s", host, candidate, e)
+            continue
+        if port and candidate != port:
+            _log.warning("setup: %s:%d is taken; serving as %s:%d", host, port, host, candidate)
+        return store
+    store = larder.Store(master, local_hostname=ip, **options)
+    _log.warning("setup: no port of [%d, %d] is free; serving as %s", low, high,
+                 store.segment_name)
+    return store
+
+
+class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileMethods):
     """Mooncake's store client, backed by :class:`larder.Store`.
 
     Call ``setup`` first; until then (and after ``close``) calls return INVALID_PARAMS (-600),
@@ -226,7 +275,13 @@ class MooncakeDistributedStore(TensorMethods):
         self._store: larder.Store | None = None
         self._http = None
         self._lock = threading.Lock()
+        # Guarded by _lock:
         self._pool_left = 0  # setup_dummy: bytes alloc_from_mem_pool may still hand out
+        # A setup or setup_dummy was tried (successful or not) since the last close: another is
+        # refused until close, as in Mooncake.
+        self._set_up = False
+        self._local_buffer_size = 0  # the most a copying write stages (setup's argument)
+        self._registered: dict[int, int] = {}  # register_buffer's ranges: address -> size
 
     # ---- lifetime ----
 
@@ -238,14 +293,18 @@ class MooncakeDistributedStore(TensorMethods):
         them with the Larder master at ``master_server_addr``. Also takes one dict (the
         ``setup(config)`` form) with the same keys. Missing values come from load_config().
 
-        ``local_hostname`` is "ip" (a free data port) or "ip:port"; ``get_hostname`` returns the
-        address actually served. ``tenant_id``: key namespace ("default" is the default tenant).
-        ``enable_client_http_server``: serve this client's metrics (by route) on
-        ``client_http_port``. ``metadata_server`` and ``rdma_devices`` are ignored; ``engine``
-        (a shared TransferEngine) is accepted, but the store moves bytes with its own engine;
+        ``local_hostname`` is "host" or "host:port". As in Mooncake, the segment is named
+        "host:port" (get_hostname), the host as written; without a port (or with port 0), a
+        free one in [12300, 14300] is served. A port that is taken (by another store of this
+        host, say) is replaced by a free one of that range, with a warning. ``tenant_id``: key
+        namespace ("default" is the default tenant). ``enable_client_http_server``: serve this
+        client's metrics (by route) on ``client_http_port``. ``local_buffer_size``: the largest
+        value a copying write (put, put_parts, put_batch, put_tensor, ...) takes, as Mooncake's
+        staging buffer. ``metadata_server`` and ``rdma_devices`` are ignored; ``engine`` (a
+        shared TransferEngine) is accepted, but the store moves bytes with its own engine;
         ``enable_ssd_offload`` is accepted with a warning (Larder has no disk tier yet).
         Returns 0, or a negative code (RPC_FAIL when the master is unreachable, INVALID_PARAMS
-        for bad values)."""
+        for bad values, or when this store was set up, or failed to, since its last close)."""
         if isinstance(local_hostname, Mapping):
             overrides = dict(local_hostname)
         else:
@@ -263,12 +322,15 @@ class MooncakeDistributedStore(TensorMethods):
                 "enable_client_http_server": enable_client_http_server,
                 "client_http_port": client_http_port,
             }
+        if not self._begin_setup("setup"):
+            return _INVALID
         if engine is not None:
             _log.info("setup(engine=...): Larder's store moves bytes with its own engine; the "
                       "shared engine stays the PD connector's")
         try:
             config = load_config(overrides)
-            host, port = _split_host(str(config["local_hostname"]))
+            host, port = _host_and_port(str(config["local_hostname"]))
+            ip = socket.gethostbyname(host)
         except (ValueError, OSError) as e:
             _log.error("setup: %s", e)
             return _INVALID
@@ -276,23 +338,23 @@ class MooncakeDistributedStore(TensorMethods):
             _log.warning("setup: enable_ssd_offload is accepted, but Larder has no disk tier yet: "
                          "offload is off and objects live in memory only")
         tenant = str(config["tenant_id"]).strip()
-        self.close()
+        options = {
+            "global_segment_size": config["global_segment_size"],
+            "local_buffer_size": config["local_buffer_size"],
+            "protocol": map_protocol(str(config["protocol"])),
+            "tenant_id": "" if tenant in ("", "default") else tenant,
+        }
         try:
-            store = larder.Store(
-                str(config["master_server_addr"]),
-                local_hostname=f"{host}:{port}" if port else host,
-                global_segment_size=config["global_segment_size"],
-                local_buffer_size=config["local_buffer_size"],
-                protocol=map_protocol(str(config["protocol"])),
-                tenant_id="" if tenant in ("", "default") else tenant,
-            )
+            store = _open_store(str(config["master_server_addr"]), host, ip, port, options)
         except larder.LarderError as e:
             _log.error("setup: %s", e)
             return error_code(e)
         except _ARGUMENT_ERRORS as e:
             _log.error("setup: %s", e)
             return _INVALID
-        self._store = store
+        with self._lock:
+            self._store = store
+            self._local_buffer_size = config["local_buffer_size"]
         if config["enable_client_http_server"]:
             from ._http import ClientHttpServer
 
@@ -301,7 +363,7 @@ class MooncakeDistributedStore(TensorMethods):
             except OSError as e:
                 _log.error("setup: client HTTP server on port %s: %s",
                            config["client_http_port"], e)
-                self.close()
+                self._drop_store()
                 return _INVALID
         return 0
 
@@ -311,12 +373,14 @@ class MooncakeDistributedStore(TensorMethods):
         the segment and the master traffic, so this process's objects outlive it. Host memory for
         the zero-copy calls comes from ``alloc_from_mem_pool`` (at most ``mem_pool_size`` bytes
         in all) or from MooncakeHostMemAllocator; the copying calls stage through
-        ``local_buffer_size`` bytes. Returns 0, RPC_FAIL (-900) when no daemon serves the
-        address, INVALID_PARAMS for bad values."""
+        ``local_buffer_size`` bytes, which bounds the value a copying write takes. Returns 0,
+        RPC_FAIL (-900) when no daemon serves the address, INVALID_PARAMS for bad values or
+        when this store was set up, or failed to, since its last close."""
+        if not self._begin_setup("setup_dummy"):
+            return _INVALID
         if not (_is_size(mem_pool_size) and _is_size(local_buffer_size)
                 and isinstance(server_address, str) and server_address):
             return _INVALID
-        self.close()
         try:
             store = larder.Store.attach(server_address, staging_bytes=local_buffer_size)
         except larder.LarderError as e:
@@ -325,7 +389,18 @@ class MooncakeDistributedStore(TensorMethods):
         with self._lock:
             self._store = store
             self._pool_left = int(mem_pool_size)
+            self._local_buffer_size = int(local_buffer_size)
         return 0
+
+    def _begin_setup(self, what: str) -> bool:
+        """Marks a setup attempt; False (logged) when one was made since the last close."""
+        with self._lock:
+            if self._set_up:
+                _log.error("%s: this store was set up (or tried to be) already; call close() "
+                           "first", what)
+                return False
+            self._set_up = True
+            return True
 
     def alloc_from_mem_pool(self, size: int) -> int:
         """Standalone mode: ``size`` bytes of host memory shared with the daemon and registered
@@ -355,15 +430,22 @@ class MooncakeDistributedStore(TensorMethods):
                            "global_segment_size": mount_segment_size})
 
     def close(self) -> int:
-        """Unmounts this client's segment and stops. Returns 0 (also when never set up)."""
+        """Unmounts this client's segment and stops; setup may be called again. Returns 0 (also
+        when never set up)."""
+        self._drop_store()
+        with self._lock:
+            self._set_up = False
+        return 0
+
+    def _drop_store(self) -> None:
         with self._lock:
             store, self._store = self._store, None
             http, self._http = self._http, None
+            self._registered.clear()
         if http is not None:
             http.close()
         if store is not None:
             store.close()
-        return 0
 
     def health_check(self) -> int:
         """0 healthy, 1 not set up or closed, 2 the master cannot be reached."""
@@ -377,8 +459,8 @@ class MooncakeDistributedStore(TensorMethods):
         return 0
 
     def get_hostname(self) -> str:
-        """This client's segment name: "ip:port" of its data server (use it as
-        ReplicateConfig.preferred_segment)."""
+        """This client's segment name, "host:port" (see setup; use it as
+        ReplicateConfig.preferred_segment); "" before setup."""
         store = self._store
         return store.segment_name if store is not None else ""
 
@@ -425,15 +507,30 @@ class MooncakeDistributedStore(TensorMethods):
     # ---- copying API ----
 
     def _put_values(self, what, keys, values, config, upsert) -> list:
-        def run(store):
-            results = store.batch_put(list(keys), list(values), overwrite=upsert,
-                                      **_put_kwargs(config, len(keys)))
-            return self._codes(what, keys, results, lambda v: 0)
-
+        """Writes values (bytes-like) through the copying path: a value larger than the local
+        buffer is refused (INVALID_PARAMS), as Mooncake's staging allocation refuses it."""
         if len(values) != len(keys):
             _log.warning("%s: %d keys, %d values", what, len(keys), len(values))
             return [_INVALID] * len(keys)
-        return self._batch(what, keys, run)
+        codes = [_INVALID] * len(keys)
+        limit = self._local_buffer_size
+        fitting = [i for i, value in enumerate(values) if _nbytes(value) <= limit]
+        if len(fitting) < len(keys) and self._store is not None:
+            _log.warning("%s: %d of %d values exceed local_buffer_size (%d bytes), which the "
+                         "copying calls stage through", what, len(keys) - len(fitting),
+                         len(keys), limit)
+        fitting_keys = [keys[i] for i in fitting]
+
+        def run(store):
+            results = store.batch_put(fitting_keys, [values[i] for i in fitting],
+                                      overwrite=upsert, **_put_kwargs(config, len(keys)))
+            return self._codes(what, fitting_keys, results, lambda v: 0)
+
+        if self._store is None:
+            return self._batch(what, keys, run)
+        for i, code in zip(fitting, self._batch(what, fitting_keys, run)):
+            codes[i] = code
+        return codes
 
     def put(self, key: str, value, config: ReplicateConfig | None = None) -> int:
         """Stores ``value`` (bytes-like). Returns 0 (also when the key exists) or a negative
@@ -509,6 +606,7 @@ class MooncakeDistributedStore(TensorMethods):
             return _INVALID
 
         def run(store):
+            registered = False
             if getattr(store, "attached", False):
                 # Standalone mode: the daemon maps the memory itself, so memory from
                 # MooncakeHostMemAllocator travels as its memfd.
@@ -518,8 +616,13 @@ class MooncakeDistributedStore(TensorMethods):
                 if shared is not None and shared[2] >= size:
                     fd, offset, _ = shared
                     store.register_shared_buffer(buffer_ptr, size, fd, offset)
-                    return 0
-            store.register_buffer(buffer_ptr, size)
+                    registered = True
+            if not registered:
+                store.register_buffer(buffer_ptr, size)
+            # get_into_ranges bounds its writes by this range, as Mooncake does (memory from
+            # alloc_from_mem_pool is registered whole underneath).
+            with self._lock:
+                self._registered[buffer_ptr] = size
             return 0
 
         return self._call("register_buffer", run)
@@ -529,7 +632,14 @@ class MooncakeDistributedStore(TensorMethods):
         ``size`` is accepted and ignored."""
         if not _is_address(buffer_ptr):
             return _INVALID
-        return self._call("unregister_buffer", lambda s: s.unregister_buffer(buffer_ptr) or 0)
+
+        def run(store):
+            store.unregister_buffer(buffer_ptr)
+            with self._lock:
+                self._registered.pop(buffer_ptr, None)
+            return 0
+
+        return self._call("unregister_buffer", run)
 
     def _put_from(self, what, keys, buffer_ptrs, sizes, config, upsert) -> list:
         bad = self._check_batch(keys, buffer_ptrs, sizes)
@@ -615,7 +725,8 @@ class MooncakeDistributedStore(TensorMethods):
         """Ranged reads: for buffer b, key k and fragment f, reads all_sizes[b][k][f] bytes from
         byte all_src_offsets[b][k][f] of the value of all_keys[b][k] into buffer_ptrs[b] +
         all_dst_offsets[b][k][f] (registered memory). Returns [b][k][f] nested results: the bytes
-        read or a code per fragment; a key whose lists differ in length gets [INVALID_PARAMS]."""
+        read or a code per fragment; a key whose lists differ in length gets [INVALID_PARAMS],
+        and so does a fragment that ends past the size register_buffer gave buffer_ptrs[b]."""
         try:
             shape_ok = len(all_keys) == len(buffer_ptrs) == len(all_dst_offsets) == \
                 len(all_src_offsets) == len(all_sizes)
@@ -626,7 +737,10 @@ class MooncakeDistributedStore(TensorMethods):
             return []
         keys, offsets, ptrs, sizes, where = [], [], [], [], []
         out: list = []
+        with self._lock:
+            registered = dict(self._registered)
         for b, base in enumerate(buffer_ptrs):
+            limit = registered.get(base)
             row = []
             for k, key in enumerate(all_keys[b]):
                 try:
@@ -639,6 +753,11 @@ class MooncakeDistributedStore(TensorMethods):
                     continue
                 row.append([0] * len(dst))
                 for f in range(len(dst)):
+                    if limit is not None and _outside(dst[f], size[f], limit):
+                        _log.warning("get_into_ranges: [%s, +%s) runs past the %d bytes "
+                                     "registered at 0x%x", dst[f], size[f], limit, base)
+                        row[-1][f] = _INVALID
+                        continue
                     keys.append(key)
                     offsets.append(src[f])
                     ptrs.append(base + dst[f])

@@ -15,10 +15,11 @@ Mooncake's ``integration_utils.h`` lays it out:
 A TP shard of ``key`` is stored under ``f"{key}_tp_{rank}"`` with layout SHARD and one TP axis.
 torch is imported only when a tensor is made or read, so this module loads without it.
 
+A tensor with a zero-size dimension (no elements) is stored as its metadata alone (data_bytes 0)
+and reads back with its shape, as in Mooncake.
+
 Where this differs from Mooncake: a CUDA tensor is refused (INVALID_PARAMS) instead of being read
 through its device pointer, and a 0-d tensor reads back as 0-d (Mooncake returns shape (1,)).
-Like Mooncake, a full tensor with a zero-size dimension cannot be stored: the format requires
-every global dimension to be > 0.
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def serialize_tensor(tensor, *, shard: TpShard | None = None) -> tuple[bytes, me
     already contiguous). With ``shard``, ``tensor`` is that shard and the layout is SHARD.
 
     Raises TypeError for a non-tensor, ValueError for a CUDA or sparse tensor, a dtype without a
-    Mooncake code, more than 8 dims, a zero-size global dim, or a shard that does not fit.
+    Mooncake code, more than 8 dims, or a shard that does not fit.
     """
     torch = _torch()
     if not isinstance(tensor, torch.Tensor):
@@ -246,9 +247,6 @@ def serialize_tensor(tensor, *, shard: TpShard | None = None) -> tuple[bytes, me
         layout_kind = LayoutKind.SHARD
         axes = (LayoutAxis(AxisKind.TP, 0, shard.rank, shard.size, split_dim, 0,
                            local_shape[split_dim]),)
-    if any(d <= 0 for d in global_shape):
-        raise ValueError(f"shape {global_shape} has a zero-size dim, which Mooncake's tensor "
-                         "format cannot hold")
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     data = memoryview(flat.numpy())
     header = _pack_metadata(dtype, global_shape, local_shape, layout_kind, axes, len(data))
@@ -287,9 +285,9 @@ def parse_tensor_metadata(buffer) -> TensorMetadata:
         raise ValueError(f"data_bytes {data_bytes} but {total - data_offset} bytes follow the "
                          "metadata")
     for i in range(ndim):
-        if global_dims[i] <= 0 or local_dims[i] < 0:
-            raise ValueError(f"dim {i}: global {global_dims[i]} must be > 0 and local "
-                             f"{local_dims[i]} >= 0")
+        if global_dims[i] < 0 or local_dims[i] < 0:
+            raise ValueError(f"dim {i}: global {global_dims[i]} and local {local_dims[i]} must "
+                             "be >= 0")
     for i in range(ndim, MAX_TENSOR_DIMS):
         if global_dims[i] != -1 or local_dims[i] != -1:
             raise ValueError(f"unused dim {i} is global {global_dims[i]}, local "
