@@ -70,6 +70,7 @@ struct UcxWorker::Impl {
   size_t inflight_slices = 0;
   uint64_t inflight_bytes = 0;
   std::multimap<Deadline, Op*> deadlines;
+  std::set<Peer*> closing;  // endpoints with a slice past its deadline (SettleClosing)
   std::vector<Op*> completed;
   std::vector<ucp_mem_h> local_memhs;
   std::mt19937_64 random{std::random_device{}()};
@@ -125,6 +126,8 @@ struct UcxWorker::Impl {
       worked |= ProcessCompleted();
       ExpireDeadlines();
       worked |= ProcessCompleted();
+      // Slices past their deadline still in flight: progress until they end (or their grace).
+      worked |= SettleClosing();
       if (stopping.load()) {
         MutexLock lock(mu);
         if (tasks.empty()) break;
@@ -553,6 +556,7 @@ struct UcxWorker::Impl {
     ++inflight_slices;
     inflight_bytes += s.length;
     ++key->inflight;
+    ++peer->inflight;
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     params.cb.send = &Impl::OnRequestDone;
@@ -586,6 +590,10 @@ struct UcxWorker::Impl {
   }
 
   void Finish(Op* op) {
+    // A slice that ended after its deadline reports it, whether or not ExpireDeadlines saw it
+    // first (a long burst of progress may finish it in between): the outcome does not hang on
+    // the worker's timing.
+    if (op->timed && !op->has_final && Clock::now() > op->slice->deadline) op->expired = true;
     if (op->timed) deadlines.erase(op->in_deadlines);
     Key* key = op->key;
     Status status;
@@ -596,11 +604,12 @@ struct UcxWorker::Impl {
       --inflight_slices;
       inflight_bytes -= op->slice->length;
       --key->inflight;
+      --key->peer->inflight;
       const char* what = op->slice->op == TransferOp::kRead ? "read" : "write";
       if (op->expired) {
         status = DeadlineExceededError(std::string("ucx ") + what + " of segment '" +
                                        key->owner.segment + "' at " + key->owner.ToString() +
-                                       " passed its deadline; the endpoint was closed");
+                                       " passed its deadline");
       } else if (op->ucs != UCS_OK) {
         status =
             UnavailableError(std::string("ucx ") + what + " of segment '" + key->owner.segment +
@@ -624,16 +633,42 @@ struct UcxWorker::Impl {
       deadlines.erase(deadlines.begin());
       op->timed = false;
       if (op->place == OpPlace::kIssued) {
-        // UCX cannot cancel one RMA request; closing the endpoint ends them all, after which no
-        // late bytes can land in a buffer the caller got back. The next slice reconnects.
+        // UCX cannot cancel one RMA request, and the caller gets its buffer back only once the
+        // slice has ended: it ends by itself, or the endpoint is force-closed, ending them all,
+        // after kExpiredSliceGrace (see there). The next slice reconnects.
         op->expired = true;
-        CloseEndpoint(op->key->peer.get(),
-                      UnavailableError("ucx endpoint closed: a slice passed its deadline"));
+        Peer* peer = op->key->peer.get();
+        if (!peer->close_by) {
+          peer->close_by = now + kExpiredSliceGrace;
+          closing.insert(peer);
+        }
       } else {
         Complete(op, DeadlineExceededError("ucx slice to " + op->key->owner.ToString() +
                                            " passed its deadline before it was sent"));
       }
     }
+  }
+
+  // Endpoints with a slice past its deadline: those whose slices have all ended stay as they are;
+  // those past their grace are force-closed. True when some are still waiting.
+  bool SettleClosing() {
+    const auto now = Clock::now();
+    for (auto it = closing.begin(); it != closing.end();) {
+      Peer* peer = *it;
+      if (peer->inflight == 0 || peer->ep == nullptr) {
+        peer->close_by.reset();
+        it = closing.erase(it);
+      } else if (now >= *peer->close_by) {
+        peer->close_by.reset();
+        it = closing.erase(it);
+        CloseEndpoint(peer, UnavailableError("ucx endpoint closed: a slice passed its deadline "
+                                             "and the owner did not answer within " +
+                                             std::to_string(kExpiredSliceGrace.count()) + " s"));
+      } else {
+        ++it;
+      }
+    }
+    return !closing.empty();
   }
 
   // ---- Shutdown ----
@@ -670,6 +705,7 @@ struct UcxWorker::Impl {
       Finish(op);
     }
     deadlines.clear();
+    closing.clear();
     keys.clear();
     peers.clear();
   }

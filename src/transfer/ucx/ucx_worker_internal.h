@@ -15,6 +15,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -76,6 +77,12 @@ constexpr uint64_t kMaxInflightBytes = 512ull << 20;
 // a completion that comes sooner is seen without a system call.
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
 constexpr int kMaxSleepMs = 100;
+// How long the slices still in flight on an endpoint may take to end once one of them passed its
+// deadline, before the endpoint is force-closed (ending them all). UCX 1.13 can abort the process
+// when it force-closes a tcp endpoint whose send queue holds requests (uct_tcp_ep_pending_purge,
+// "Assertion `0' failed"), which under load is most endpoints: letting the slices end first makes
+// the force-close the rare case of a peer that stopped answering.
+constexpr auto kExpiredSliceGrace = std::chrono::seconds(1);
 // UCX parses worker addresses and rkeys without being told their length; peers' bytes are
 // followed by this many zeros so that a truncated one cannot make it read past our buffer.
 constexpr size_t kParsePadding = 4096;
@@ -131,6 +138,10 @@ struct Peer {
   Status failure;           // why the last endpoint went
   bool lanes_logged = false;
   std::set<Key*> keys;
+  size_t inflight = 0;  // slices issued on its endpoints and not yet ended
+  // A slice passed its deadline in flight: the endpoint is force-closed at `close_by` unless its
+  // slices have all ended by then (kExpiredSliceGrace).
+  std::optional<Clock::time_point> close_by;
 };
 
 enum class KeyState { kAttaching, kReady, kRevoked };
