@@ -171,7 +171,9 @@ def test_peer_reregistration_refreshes_the_cache(pair):
     assert prefill.register_memory(second.ctypes.data, second.nbytes) == 0
     assert decode.transfer_sync_write(target, local.ctypes.data, second.ctypes.data, 4096) == 0
     assert (second[:4096] == 5).all()
-    assert decode.get_first_buffer_address(target) == second.ctypes.data
+    # the first buffer is still the one registered at initialize
+    assert decode.get_first_buffer_address(target) == prefill.get_first_buffer_address(target)
+    assert decode.get_first_buffer_address(target) not in (0, second.ctypes.data)
     assert decode.get_first_buffer_address("127.0.0.1:1") == 0
 
 
@@ -186,7 +188,7 @@ def test_managed_buffers(te_module):
         assert decode.transfer_sync_write(target, local.ctypes.data, address + 10, 4096) == 0
         assert ctypes.string_at(address + 10, 4096) == local.tobytes()
         # memfd memory: a same-host peer maps it (shm)
-        handle = decode._peers[target][0].handle
+        handle = next(b.handle for b in decode._peers[target] if b.base == address)
         assert decode._engine.segment_route(handle) == "shm"
         assert prefill.read_bytes_from_buffer(address + 10, 4) == local[:4].tobytes()
         assert prefill.write_bytes_to_buffer(address, b"abcdef", 3) == 0
@@ -194,10 +196,77 @@ def test_managed_buffers(te_module):
         assert prefill.write_bytes_to_buffer(address, b"ab", 3) == -1
         assert prefill.free_managed_buffer(address, MB) == 0
         assert prefill.free_managed_buffer(address, MB) == -1
-        # A shm mapping outlives its owner's registration: only a refresh of the peer's buffer
-        # list (which get_first_buffer_address does) makes later transfers fail.
-        assert decode.get_first_buffer_address(target) == 0
+        # A shm mapping outlives its owner's registration, but the next transfer through it
+        # sees that the owner unexported a buffer and fails, as Mooncake's does.
         assert decode.transfer_sync_write(target, local.ctypes.data, address, 16) == -1
+        assert decode.transfer_sync_read(target, local.ctypes.data, address, 16) == -1
+        assert decode.get_first_buffer_address(target) not in (0, address)
+    finally:
+        prefill.close()
+        decode.close()
+
+
+def test_initialize_registers_a_first_buffer(te_module, monkeypatch):
+    """As Mooncake's engine, initialize registers a 2 GiB buffer that peers find with
+    get_first_buffer_address; PASS_ALLOC=1 skips it."""
+    prefill, decode = make_engine(te_module, "auto"), make_engine(te_module, "auto")
+    monkeypatch.setenv("PASS_ALLOC", "1")
+    bare = make_engine(te_module, "auto")
+    try:
+        target = session(prefill)
+        first = decode.get_first_buffer_address(target)
+        assert first != 0 and first == prefill.get_first_buffer_address(target)
+        assert decode.get_first_buffer_address(session(decode)) not in (0, first)
+        assert bare.get_first_buffer_address(session(bare)) == 0
+        assert decode.get_first_buffer_address(session(bare)) == 0
+        # the whole 2 GiB is reachable, at both ends
+        local = np.arange(4096, dtype=np.uint8)
+        for offset in (0, (2 << 30) - 4096):
+            assert decode.transfer_sync_write(target, local.ctypes.data, first + offset,
+                                              4096) == 0
+            assert ctypes.string_at(first + offset, 4096) == local.tobytes()
+        assert decode.transfer_sync_write(target, local.ctypes.data, first + (2 << 30) - 16,
+                                          32) == -1
+        # it lives as long as the engine: free_managed_buffer refuses it
+        assert prefill.free_managed_buffer(first, 2 << 30) == -1
+        assert decode.transfer_sync_read(target, local.ctypes.data, first, 16) == 0
+        # buffers registered later come after it
+        extra = prefill.allocate_managed_buffer(MB)
+        assert extra != 0
+        assert decode.get_first_buffer_address(target) == first
+        assert prefill.free_managed_buffer(extra, MB) == 0
+    finally:
+        for engine in (prefill, decode, bare):
+            engine.close()
+
+
+@pytest.mark.parametrize("free", ["free_managed_buffer", "unregister_memory"])
+def test_same_host_write_after_free_fails(te_module, free):
+    """A same-host peer that mapped a managed buffer fails its next transfer into it once the
+    owner frees (or unregisters) it, as Mooncake's engine does; other buffers stay usable."""
+    prefill, decode = make_engine(te_module, "shm"), make_engine(te_module, "shm")
+    try:
+        target = session(prefill)
+        kept, freed = prefill.allocate_managed_buffer(MB), prefill.allocate_managed_buffer(MB)
+        local = np.full(64, 7, np.uint8)
+        assert decode.transfer_sync_write(target, local.ctypes.data, freed, 64) == 0
+        assert decode.batch_transfer_sync_write(target, [local.ctypes.data] * 2, [kept, freed],
+                                                [64, 64]) == 0
+        handle = next(b.handle for b in decode._peers[target] if b.base == freed)
+        assert decode._engine.segment_route(handle) == "shm"
+        if free == "free_managed_buffer":
+            assert prefill.free_managed_buffer(freed, MB) == 0
+        else:
+            assert prefill.unregister_memory(freed) == 0
+        assert decode.transfer_sync_write(target, local.ctypes.data, freed, 64) == -1
+        assert decode.batch_transfer_sync_write(target, [local.ctypes.data] * 2, [kept, freed],
+                                                [64, 64]) == -1
+        assert decode.transfer_sync_write(target, local.ctypes.data, kept + 64, 64) == 0
+        assert ctypes.string_at(kept + 64, 64) == local.tobytes()
+        # a buffer registered after the free is reached as usual
+        again = prefill.allocate_managed_buffer(MB)
+        assert decode.transfer_sync_write(target, local.ctypes.data, again, 64) == 0
+        assert ctypes.string_at(again, 64) == local.tobytes()
     finally:
         prefill.close()
         decode.close()

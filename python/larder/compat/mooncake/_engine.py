@@ -45,8 +45,28 @@ _PROBE_TIMEOUT_S = 2.0
 
 _SEGMENT_PREFIX = "mem@0x"
 
+# What Mooncake's engine registers at initialize for its managed buffers, unless PASS_ALLOC is a
+# non-zero integer: one 2 GiB host buffer, the first buffer of every engine (what a peer's
+# get_first_buffer_address finds). Larder's is a sparse memfd: it costs memory only where written.
+_POOL_BYTES = 2 << 30
+
+# The segment in which an engine counts the buffers it stopped exporting (a uint64). A same-host
+# peer writes a managed buffer through its own mapping, which outlives the owner's registration;
+# it reads this count with every synchronous batch and fails the call when one of the buffers it
+# used went meanwhile, as Mooncake's engine fails a transfer into a freed buffer.
+_UNEXPORTS_SEGMENT = "larder-mc-unexports"
+
 _notify_logged = False
 _notify_lock = threading.Lock()
+
+
+def _pass_alloc() -> bool:
+    """Whether PASS_ALLOC asks initialize not to register its buffer (a non-zero integer)."""
+    try:
+        return int(os.environ.get("PASS_ALLOC", "0")) != 0
+    except ValueError:
+        _log.warning("ignoring PASS_ALLOC=%r (not an integer)", os.environ.get("PASS_ALLOC"))
+        return False
 
 
 def _check_hint(transport_hint) -> None:
@@ -129,6 +149,17 @@ class _PeerBuffer:
         self.handle = None  # guarded by TransferEngine._lock
 
 
+class _PeerUnexports:
+    """A same-host peer's unexport count, open here, and its value when its buffers were
+    listed."""
+
+    __slots__ = ("handle", "seen")
+
+    def __init__(self, handle: int, seen: int) -> None:
+        self.handle = handle
+        self.seen = seen
+
+
 class _Batch:
     """A batch handed out by batch_transfer_async: the larder engine that runs it and its id."""
 
@@ -170,6 +201,9 @@ class TransferEngine:
         self._memory_lock = threading.Lock()  # guards _local, _aliases
         self._local: dict[int, tuple[int, int, object]] = {}  # base -> (size, segment id, region)
         self._aliases: set[int] = set()  # register_memory calls inside a managed buffer
+        self._pool = 0  # base of the buffer registered at initialize, or 0
+        self._unexports = None  # the region counting unexported buffers
+        self._peer_unexports: dict[str, _PeerUnexports] = {}  # guarded by _lock
 
     def initialize(self, local_hostname: str, metadata_server: str = "P2PHANDSHAKE",
                    protocol: str = "tcp", device_name: str = "") -> int:
@@ -177,7 +211,10 @@ class TransferEngine:
         none picks a free one). ``metadata_server`` and ``device_name`` are ignored. Returns 0 or
         -1; -1 also for the device fabrics "nvlink", "nvlink_intra" and "hip", as Mooncake's
         engine built without them (SUPPORT_MNNVL, SUPPORT_INTRA_NVLINK, SUPPORT_HIP) refuses
-        them."""
+        them. As Mooncake's does, it then registers a 2 GiB buffer (sparse: it costs memory only
+        where written; shared with same-host peers over shm), the engine's first buffer, unless
+        the environment sets ``PASS_ALLOC`` to a non-zero integer. A failure to allocate it is
+        logged and leaves the engine without it."""
         if str(protocol or "").strip().lower() in _DEVICE_FABRICS:
             _log.error("initialize: protocol %r moves device memory, which Larder's Mooncake "
                        "engine does not reach (host memory only)", protocol)
@@ -191,7 +228,31 @@ class TransferEngine:
             return -1
         self.close()
         self._engine = engine
+        self._register_unexports(engine)
+        if not _pass_alloc():
+            self._register_pool(engine)
         return 0
+
+    def _register_unexports(self, engine) -> None:
+        try:
+            region = engine.allocate_segment_memory(8)
+            engine.register_segment(_UNEXPORTS_SEGMENT, region)
+        except larder.LarderError as e:
+            _log.warning("initialize: the count of unexported buffers: %s", e)
+            return
+        with self._memory_lock:
+            self._unexports = region
+
+    def _register_pool(self, engine) -> None:
+        try:
+            region = engine.allocate_segment_memory(_POOL_BYTES)
+            segment = engine.register_segment(_segment_name(region.address), region)
+        except larder.LarderError as e:
+            _log.warning("initialize: the %d-byte buffer of managed memory: %s", _POOL_BYTES, e)
+            return
+        with self._memory_lock:
+            self._local[region.address] = (region.size, segment, region)
+            self._pool = region.address
 
     def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str,
                        device_name: str, metadata_type: str = "p2p") -> int:
@@ -204,10 +265,13 @@ class TransferEngine:
         engine, self._engine = self._engine, None
         with self._lock:
             self._peers.clear()
+            self._peer_unexports.clear()
             self._batches.clear()
         with self._memory_lock:
             self._local.clear()
             self._aliases.clear()
+            self._pool = 0
+            self._unexports = None
         if engine is not None:
             engine.close()
 
@@ -266,6 +330,9 @@ class TransferEngine:
         with self._lock:
             buffers = self._peers.pop(target_hostname, [])
             handles = [b.handle for b in buffers if b.handle is not None]
+            unexports = self._peer_unexports.pop(target_hostname, None)
+        if unexports is not None:
+            self._close_handle(engine, unexports.handle)
         return sum(self._close_handle(engine, h) for h in handles)
 
     # ---- memory ----
@@ -314,6 +381,9 @@ class TransferEngine:
                 _log.warning("unregister_memory: %s", e)
                 return -1
             del self._local[buffer_addr]
+            if self._unexports is not None:  # under _memory_lock: one writer at a time
+                count = ctypes.c_uint64.from_address(self._unexports.address)
+                count.value += 1
         return 0
 
     def batch_register_memory(self, buffer_addresses, capacities, location: str = "*") -> int:
@@ -345,10 +415,12 @@ class TransferEngine:
         return region.address
 
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
-        """Unexports and frees a buffer from allocate_managed_buffer. Returns 0 or -1."""
+        """Unexports and frees a buffer from allocate_managed_buffer. Returns 0 or -1 (also for
+        the buffer registered at initialize, which lives as long as the engine)."""
         with self._memory_lock:
             entry = self._local.get(buffer_addr)
-        if entry is None or entry[2] is None:
+            pool = self._pool
+        if entry is None or entry[2] is None or buffer_addr == pool:
             return -1
         return self.unregister_memory(buffer_addr)
 
@@ -421,15 +493,23 @@ class TransferEngine:
         n = len(buffers)
         timeout = _transfer_timeout(sum(int(x) for x in lengths))
         for attempt in range(2):
+            used: list = []
+            unexports = ctypes.c_uint64()
             try:
                 requests = self._requests(engine, target_hostname, buffers,
                                           peer_buffer_addresses, lengths, op,
-                                          refresh=attempt > 0)
+                                          refresh=attempt > 0, used=used)
+                seen = self._unexports_request(engine, target_hostname, unexports, requests)
                 results = engine.transfer(requests, timeout=timeout)
             except (larder.LarderError, LookupError, TypeError, ValueError) as e:
                 _log.warning("transfer to %s: %s", target_hostname, e)
                 return -1
             failed = [r.error for r in results if r.error is not None]
+            if not failed and seen is not None and unexports.value != seen:
+                gone = self._gone(engine, target_hostname, used)
+                if gone is not None:
+                    _log.warning("transfer to %s: %s", target_hostname, gone)
+                    return -1
             if not failed:
                 return 0
             stale = any(isinstance(e, (larder.NotFoundError, larder.FailedPreconditionError))
@@ -561,8 +641,9 @@ class TransferEngine:
         return -1
 
     def get_first_buffer_address(self, segment_name: str) -> int:
-        """The lowest base address among the buffers the peer ``segment_name`` ("ip:port")
-        registered, or 0."""
+        """The base address of the first buffer that the peer ``segment_name`` ("ip:port") still
+        registers (the oldest registration: the buffer from its initialize, unless PASS_ALLOC),
+        or 0 when it registers none."""
         engine = self._engine
         if engine is None:
             return 0
@@ -571,7 +652,9 @@ class TransferEngine:
         except larder.LarderError as e:
             _log.warning("get_first_buffer_address(%s): %s", segment_name, e)
             return 0
-        return buffers[0].base if buffers else 0
+        if not buffers:
+            return 0
+        return min(buffers, key=lambda b: b.descriptor.segment_id).base
 
     # ---- internals ----
 
@@ -600,18 +683,71 @@ class TransferEngine:
         return larder.TransferOp.READ if code == TransferOpcode.Read else larder.TransferOp.WRITE
 
     def _requests(self, engine, target: str, buffers, peer_buffer_addresses, lengths, op,
-                  refresh: bool) -> list:
+                  refresh: bool, used: list | None = None) -> list:
         """The larder.TransferRequests of a batch call (the sync and async paths share them).
-        ``refresh``: list the peer's buffers again first. Raises NotFoundError when a range is
-        not inside one buffer the peer registered, LarderError when the peer cannot be
-        reached."""
+        ``refresh``: list the peer's buffers again first. ``used`` receives (address, length,
+        segment key) of each request. Raises NotFoundError when a range is not inside one buffer
+        the peer registered, LarderError when the peer cannot be reached."""
         if refresh:
             self._peer_buffers(engine, target, refresh=True)
         requests = []
         for local, peer, length in zip(buffers, peer_buffer_addresses, lengths):
-            handle, offset = self._locate(engine, target, int(peer), int(length))
+            handle, offset, key = self._locate(engine, target, int(peer), int(length))
             requests.append(larder.TransferRequest(op, int(local), handle, offset, int(length)))
+            if used is not None:
+                used.append((int(peer), int(length), key))
         return requests
+
+    def _unexports_request(self, engine, target: str, into: ctypes.c_uint64,
+                           requests: list):
+        """Adds to ``requests`` a read of the unexport count of ``target`` into ``into`` when
+        this engine maps the peer's memory (shm); returns the count its buffer list was taken
+        at, or None (another route, where the peer itself refuses unexported buffers)."""
+        with self._lock:
+            entry = self._peer_unexports.get(target)
+            if entry is None or entry.handle is None:
+                return None
+            handle, seen = entry.handle, entry.seen
+        requests.append(larder.TransferRequest(larder.TransferOp.READ, ctypes.addressof(into),
+                                               handle, 0, 8))
+        return seen
+
+    def _gone(self, engine, target: str, used: list) -> str | None:
+        """After the peer unexported buffers during a transfer: lists its buffers again and
+        says which range of ``used`` was in a buffer that is gone (None when none was)."""
+        buffers = self._peer_buffers(engine, target, refresh=True)
+        live = {_segment_key(b.descriptor) for b in buffers}
+        for address, length, key in used:
+            if key not in live:
+                return (f"0x{address:x}+{length} was in a buffer that {target} unregistered "
+                        "during the transfer")
+        return None
+
+    def _watch_unexports(self, engine, target: str, descriptors: list) -> bool:
+        """Opens the peer's unexport count when its memory is mapped here (shm) and records its
+        value now; True when it did (the caller then lists the buffers again, so that the count
+        predates the listing it uses)."""
+        descriptor = next((d for d in descriptors if d.name == _UNEXPORTS_SEGMENT), None)
+        with self._lock:
+            old = self._peer_unexports.pop(target, None)
+        if old is not None and old.handle is not None:
+            self._close_handle(engine, old.handle)
+        if descriptor is None:
+            return False
+        handle = engine.open_segment(descriptor)
+        if engine.segment_route(handle) != "shm":
+            self._close_handle(engine, handle)
+            return False
+        count = ctypes.c_uint64()
+        results = engine.transfer([larder.TransferRequest(
+            larder.TransferOp.READ, ctypes.addressof(count), handle, 0, 8)],
+            timeout=_PROBE_TIMEOUT_S)
+        if results[0].error is not None:
+            self._close_handle(engine, handle)
+            raise results[0].error
+        with self._lock:
+            self._peer_unexports[target] = _PeerUnexports(handle, count.value)
+        return True
 
     def _release(self, batch: _Batch) -> None:
         try:
@@ -638,7 +774,10 @@ class TransferEngine:
         if cached is not None and not refresh:
             return cached
         buffers = []
-        for descriptor in engine.list_peer_segments(target):
+        descriptors = engine.list_peer_segments(target)
+        if self._watch_unexports(engine, target, descriptors):
+            descriptors = engine.list_peer_segments(target)
+        for descriptor in descriptors:
             if descriptor.name.startswith(_SEGMENT_PREFIX):
                 try:
                     base = int(descriptor.name[len(_SEGMENT_PREFIX):], 16)
@@ -659,13 +798,14 @@ class TransferEngine:
         return buffers
 
     def _locate(self, engine, target: str, address: int, length: int):
-        """(segment handle, offset) of [address, address + length) at the peer; an address that
-        the cache does not hold lists the peer's buffers again. Raises NotFoundError when no
-        registered buffer of the peer holds the whole range."""
+        """(segment handle, offset, segment key) of [address, address + length) at the peer; an
+        address that the cache does not hold lists the peer's buffers again. Raises
+        NotFoundError when no registered buffer of the peer holds the whole range."""
         for refresh in (False, True):
             for b in self._peer_buffers(engine, target, refresh=refresh):
                 if b.base <= address and address + length <= b.base + b.size:
-                    return self._handle(engine, target, b), address - b.base
+                    return (self._handle(engine, target, b), address - b.base,
+                            _segment_key(b.descriptor))
         raise larder.NotFoundError(
             f"0x{address:x}+{length} is not inside a buffer that {target} registered")
 

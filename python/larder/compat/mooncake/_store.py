@@ -25,6 +25,7 @@ from ._errors import _ARGUMENT_ERRORS, ErrorCode, _report, error_code
 from ._tensor import TensorMethods
 from ._tensor_files import TensorFileMethods
 from ._tensor_parallel import ParallelTensorMethods
+from ._tensor_selection import TensorSelectionMethods
 
 _log = logging.getLogger("larder.compat.mooncake")
 
@@ -264,7 +265,8 @@ def _open_store(master: str, host: str, ip: str, port: int, options: dict) -> la
     return store
 
 
-class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileMethods):
+class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileMethods,
+                               TensorSelectionMethods):
     """Mooncake's store client, backed by :class:`larder.Store`.
 
     Call ``setup`` first; until then (and after ``close``) calls return INVALID_PARAMS (-600),
