@@ -251,6 +251,12 @@ class LARDER_EXPORT StoreClient {
   virtual Status Remove(std::string_view key, bool force = false) = 0;
   virtual std::vector<Status> BatchRemove(std::span<const std::string> keys,
                                           bool force = false) = 0;
+  // Removes each key's replica on the segment named `segment` (ListSegments' names); an object
+  // whose last replica that was goes as BatchRemove removes it, the others stay readable from
+  // their other replicas. Per item as BatchRemove, and NotFound when the key has no replica
+  // there (or no such segment is mounted).
+  virtual std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
+                                                  std::string_view segment, bool force = false) = 0;
   // Removes every object of this client's tenant that no reader holds a lease on (with `force`,
   // leased ones too); returns how many were removed. Needs the admin token on a master with a
   // cluster token.

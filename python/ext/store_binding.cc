@@ -391,9 +391,11 @@ class PyStore {
     ThrowIfError(WithoutGil([&] { return client->Remove(key, force); }));
   }
 
-  py::list BatchRemove(const std::vector<std::string>& keys, bool force) {
+  py::list BatchRemove(const std::vector<std::string>& keys, bool force,
+                       const std::string& segment) {
     auto client = Client();
-    return StatusList(WithoutGil([&] { return client->BatchRemove(keys, force); }));
+    return StatusList(
+        WithoutGil([&] { return client->BatchRemoveReplicas(keys, segment, force); }));
   }
 
   uint64_t RemoveAll(bool force) {
@@ -752,7 +754,10 @@ registered buffer.)doc")
            "lease (unless ``force``: readers finish reading the old bytes) or it is being "
            "written (retry later).")
       .def("batch_remove", &PyStore::BatchRemove, py::arg("keys"), py::kw_only(),
-           py::arg("force") = false, "Returns None or the LarderError per key.")
+           py::arg("force") = false, py::arg("segment") = "",
+           "Returns None or the LarderError per key. With ``segment`` (a segment's name), "
+           "removes only each key's replica there (the object goes with its last replica); "
+           "NotFoundError for a key with no replica there.")
       .def("remove_all", &PyStore::RemoveAll, py::kw_only(), py::arg("force") = false,
            "Removes every object of this tenant no reader holds a lease on (with ``force``, "
            "leased ones too); returns how many were removed. Needs the admin token on a master "

@@ -263,6 +263,29 @@ def test_batch_replica_clear(mc):
     assert mc.batch_is_exist(["rc/a", "rc/b"]) == [0, 0]
 
 
+def test_batch_replica_clear_on_one_segment_keeps_the_other_replica(mc, mooncake_store, master):
+    """Mooncake's batch_replica_clear(keys, segment_name): only the replicas on that segment go;
+    the key stays readable from its other replica, and goes with its last one."""
+    other = setup_mooncake_store(mooncake_store, master.address)
+    try:
+        config = mooncake_store.ReplicateConfig()
+        config.replica_num = 2
+        assert mc.put("rc2/k", b"two replicas", config=config) == 0
+        assert mc.batch_replica_clear(["rc2/k"], mc.get_hostname()) == ["rc2/k"]
+        assert other.get("rc2/k") == b"two replicas"
+        assert mc.get("rc2/k") == b"two replicas"
+        # None left on that segment: nothing to clear there.
+        assert mc.batch_replica_clear(["rc2/k"], mc.get_hostname()) == []
+        # The reads' leases end when their releases reach the master (a moment after each read).
+        deadline = time.monotonic() + 10
+        while mc.batch_replica_clear(["rc2/k"], other.get_hostname()) != ["rc2/k"]:
+            assert time.monotonic() < deadline, "the key stayed leased after its reads ended"
+            time.sleep(0.01)
+        assert mc.is_exist("rc2/k") == 0
+    finally:
+        other.close()
+
+
 def test_tenants_are_namespaces(mooncake_store, master):
     a = setup_mooncake_store(mooncake_store, master.address, tenant_id="tenant-a")
     b = setup_mooncake_store(mooncake_store, master.address, tenant_id="tenant-b")

@@ -2,6 +2,7 @@
 #include "larder/store_client.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <thread>
 #include <unordered_map>
@@ -38,6 +39,13 @@ using client::ValidateTenant;
 using Stub = proto::Master::Stub;
 using SteadyClock = std::chrono::steady_clock;
 
+// "23.0 GiB": memory sizes are rarely whole mebibytes.
+std::string ApproxGiB(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+  return text;
+}
+
 class StoreClientImpl final : public StoreClient {
  public:
   StoreClientImpl(StoreClientOptions options, std::unique_ptr<TransferEngine> engine)
@@ -55,7 +63,7 @@ class StoreClientImpl final : public StoreClient {
         !options_.sparse_segment && memory > 0 && options_.global_segment_size > memory) {
       return InvalidArgumentError(
           "global segment of " + FormatByteSize(options_.global_segment_size) +
-          " is larger than the memory this process can fill (" + FormatByteSize(memory) +
+          " is larger than the memory this process can fill (" + ApproxGiB(memory) +
           ", the host's RAM or its cgroup's limit): the kernel would kill it once the store "
           "filled the segment. Give a smaller segment size, or set LARDER_SPARSE_SEGMENT=1 "
           "(StoreClientOptions::sparse_segment) if it will never be filled");
@@ -370,10 +378,16 @@ class StoreClientImpl final : public StoreClient {
   }
 
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
+    return BatchRemoveReplicas(keys, {}, force);
+  }
+
+  std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
+                                          std::string_view segment, bool force) override {
     proto::BatchKeysRequest request;
     proto::BatchStatusReply reply;
     AddKeys(keys, request.mutable_keys());
     request.set_force(force);
+    request.set_segment(std::string(segment));
     Status status = Rpc("BatchRemove", &Stub::BatchRemove, &request, &reply);
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
     return ItemStatuses(keys.size(), reply.errors());

@@ -523,6 +523,27 @@ void MasterState::ReleaseLocked(Shard& shard, Object* object, int64_t now) {
   }
 }
 
+void MasterState::DropReplicaLocked(Object* object, PoolSegmentId segment, int64_t now) {
+  std::vector<FreedReplica> freed;
+  for (const StoredReplica& replica : object->replicas()) {
+    if (replica.segment_id != segment) continue;
+    LoggedChange change;
+    change.kind = CatalogChangeKind::kRemove;
+    change.key = object->key();
+    change.size = object->size;
+    change.offset = replica.offset;
+    freed.push_back(FreedReplica{replica, object->size, feed_.Append(segment, change)});
+  }
+  object->EraseReplicasIf(
+      [segment](const StoredReplica& replica) { return replica.segment_id == segment; });
+  if (object->Leased(now)) {
+    // A reader may be copying from that replica until its lease ends.
+    Quarantine(std::move(freed), object->lease_until);
+  } else {
+    FreeReplicas(freed);
+  }
+}
+
 Result<std::vector<Status>> MasterState::BatchPutEnd(const std::string& client_id,
                                                      std::span<const std::string_view> keys) {
   LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
@@ -771,10 +792,21 @@ Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id
 
 Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_id,
                                                      std::span<const std::string_view> keys,
-                                                     bool force) {
+                                                     bool force, std::string_view segment) {
   LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
   std::vector<Status> results(keys.size());
+  std::optional<PoolSegmentId> on_segment;
+  if (!segment.empty()) {
+    std::optional<SegmentTable::NameHolder> holder =
+        segment.size() <= kMaxNameBytes ? segments_.FindByName(std::string(segment)) : std::nullopt;
+    if (!holder) {
+      results.assign(keys.size(),
+                     NotFoundError("no segment named " + QuoteKey(segment) + " is mounted"));
+      return results;
+    }
+    on_segment = holder->segment_id;
+  }
   int64_t now = Now();
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
@@ -795,12 +827,21 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
                          .WithDetail(ErrorDetail::kBeingWritten);
         continue;
       }
+      if (on_segment && !object->HasReplicaOn(*on_segment)) {
+        results[i] = NotFoundError("key " + QuoteKey(ref.key) + " has no replica on segment " +
+                                   QuoteKey(segment));
+        continue;
+      }
       if (!force && object->Leased(now)) {
         results[i] =
             UnavailableError("key " + QuoteKey(ref.key) + " is leased to a reader for another " +
                              std::to_string((object->lease_until - now) / 1000000 + 1) +
                              " ms; retry later")
                 .WithDetail(ErrorDetail::kLeased);
+        continue;
+      }
+      if (on_segment && object->replica_count > 1) {
+        DropReplicaLocked(object, *on_segment, now);
         continue;
       }
       ReleaseLocked(shard, object, now);

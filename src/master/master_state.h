@@ -234,9 +234,12 @@ class MasterState {
   // Removes complete objects, soft-pinned and hard-pinned ones included. Per item: NotFound,
   // Unavailable (being written, or leased by a reader without `force`: retry later). With
   // `force`, a leased object is removed too; its replicas are reused only once its leases ended.
+  // With a `segment` name, only each object's replica on that segment goes (its range logged
+  // REMOVE in that segment's catalog), and the object with its last replica; per item NotFound
+  // also when the object has no replica there.
   Result<std::vector<Status>> BatchRemove(const std::string& client_id,
                                           std::span<const std::string_view> keys,
-                                          bool force = false);
+                                          bool force = false, std::string_view segment = {});
   // Removes every complete object of `tenant` (see KeyInTenant) that no reader holds a lease on;
   // with `force`, leased ones too (their replicas reused once their leases ended; counted in
   // `removed`). Objects being written stay. Errors: InvalidArgument (bad tenant name).
@@ -411,6 +414,9 @@ class MasterState {
   // appends its replicas, with the REMOVE that gates each, to *freed.
   // REQUIRES: its shard's mu held.
   void LogRemovedLocked(const Object* object, std::vector<FreedReplica>* freed);
+  // Drops the object's replicas on `segment` (REMOVE in that segment's catalog; the range freed,
+  // or held while the object is leased). REQUIRES: another replica stays; the shard's lock.
+  void DropReplicaLocked(Object* object, PoolSegmentId segment, int64_t now);
   // Logs ADD of an object just committed into each of its replicas' segments.
   // REQUIRES: its shard's mu held.
   void LogAddedLocked(Object* object, int64_t soft_pin_until);

@@ -296,6 +296,44 @@ TEST_F(MasterStateTest, AForcedRemoveTakesLeasedObjectsAndKeepsTheirBytesUntilTh
   EXPECT_EQ(Remove("a", "missing", /*force=*/true).code(), StatusCode::kNotFound);
 }
 
+// Mooncake's batch_replica_clear with a segment name: one replica goes, the others stay readable.
+TEST_F(MasterStateTest, RemovingTheReplicaOnOneSegmentKeepsTheOthers) {
+  const PoolSegmentId a = Mount("a", "seg-a", 1 << 20);
+  const PoolSegmentId b = Mount("b", "seg-b", 1 << 20, 0x100000, "host-b");
+  PutOptions two;
+  two.replica_num = 2;
+  ASSERT_TRUE(Put("a", "k", 4096, two).ok());
+  ASSERT_EQ(Get("a", "k").replicas.size(), 2u);
+  EXPECT_EQ(state_.Stats().bytes_used, 2 * 4096u);
+  auto remove_on = [&](std::string_view key, std::string_view segment, bool force = false) {
+    return One(state_.BatchRemove("a", std::span(&key, 1), force, segment));
+  };
+  EXPECT_EQ(remove_on("k", "no-such-segment").code(), StatusCode::kNotFound);
+  // Leased: refused without force, as a whole removal is.
+  Advance(milliseconds(1001));
+  Lease("b", "k");
+  EXPECT_EQ(remove_on("k", "seg-a").code(), StatusCode::kUnavailable);
+  Advance(milliseconds(1001));
+  Sweep();
+  ASSERT_TRUE(remove_on("k", "seg-a").ok());
+  GetOutcome left = Get("b", "k");
+  ASSERT_TRUE(left.status.ok()) << left.status;
+  ASSERT_EQ(left.replicas.size(), 1u);
+  EXPECT_EQ(left.replicas[0].segment_id, b);
+  EXPECT_NE(left.replicas[0].segment_id, a);
+  EXPECT_EQ(state_.Stats().objects, 1u);
+  EXPECT_EQ(state_.Stats().bytes_used, 4096u);
+  // No replica there any more: NotFound, and the object stays.
+  EXPECT_EQ(remove_on("k", "seg-a").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Exist("a", "k").ok());
+  // Its last replica goes with the object.
+  Advance(milliseconds(1001));
+  Sweep();
+  ASSERT_TRUE(remove_on("k", "seg-b").ok());
+  EXPECT_EQ(Exist("a", "k").code(), StatusCode::kNotFound);
+  EXPECT_EQ(state_.Stats().objects, 0u);
+}
+
 TEST(TenantTest, KeysBelongToOneTenant) {
   using namespace std::string_literals;
   EXPECT_EQ(KeyInTenant("\0t\0k"s, "t"), "k");

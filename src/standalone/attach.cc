@@ -371,16 +371,23 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   }
 
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
+    return BatchRemoveReplicas(keys, {}, force);
+  }
+
+  // kBatchRemove without a segment; kBatchRemoveReplicas (protocol version 3) with one.
+  std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
+                                          std::string_view segment, bool force) override {
     if (Status limit = CheckBatch(keys.size()); !limit.ok()) {
       return std::vector<Status>(keys.size(), limit);
     }
     WireWriter request;
     request.U8(force ? 1 : 0);
+    if (!segment.empty()) request.String(segment);
     request.Keys(keys);
     std::vector<Status> statuses;
-    Status status = Call(MessageType::kBatchRemove, request, [&](WireReader* in) {
-      statuses = standalone::DecodeStatuses(in, keys.size());
-    });
+    Status status = Call(
+        segment.empty() ? MessageType::kBatchRemove : MessageType::kBatchRemoveReplicas, request,
+        [&](WireReader* in) { statuses = standalone::DecodeStatuses(in, keys.size()); });
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
     return statuses;
   }

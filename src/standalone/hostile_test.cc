@@ -186,7 +186,9 @@ TEST_F(HostileTest, TheFirstRequestMustBeHello) {
 
 TEST_F(HostileTest, UnknownTypesEndTheConnection) {
   for (uint16_t type :
-       {uint16_t{0}, uint16_t{16}, uint16_t{0x7fff}, static_cast<uint16_t>(0x8000 | 4)}) {
+       {uint16_t{0},
+        static_cast<uint16_t>(static_cast<uint16_t>(MessageType::kBatchRemoveReplicas) + 1),
+        uint16_t{0x7fff}, static_cast<uint16_t>(0x8000 | 4)}) {
     RawPeer peer = Connect();
     ASSERT_TRUE(peer.Hello().ok());
     ASSERT_TRUE(peer.SendBytes(Header(kFrameMagic, type, 0)).ok());

@@ -147,6 +147,13 @@ class MemoryStore final : public StoreClient {
     for (const auto& key : keys) out.push_back(Remove(key, force));
     return out;
   }
+  // One segment, one replica per object: the segment's name is this store's.
+  std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
+                                          std::string_view segment, bool force) override {
+    if (segment.empty() || segment == name_) return BatchRemove(keys, force);
+    return std::vector<Status>(keys.size(),
+                               NotFoundError("no segment named '" + std::string(segment) + "'"));
+  }
   Result<uint64_t> RemoveAll(bool) override {
     MutexLock lock(mu_);
     uint64_t n = values_.size();

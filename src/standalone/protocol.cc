@@ -49,6 +49,8 @@ std::string MessageTypeName(uint16_t type) {
       return "RemoveByRegex";
     case MessageType::kBatchGetObjectInfo:
       return "BatchGetObjectInfo";
+    case MessageType::kBatchRemoveReplicas:
+      return "BatchRemoveReplicas";
     case MessageType::kGoodbye:
       return "Goodbye";
   }
@@ -57,7 +59,7 @@ std::string MessageTypeName(uint16_t type) {
 
 bool IsRequestType(uint16_t type) {
   return type >= static_cast<uint16_t>(MessageType::kHello) &&
-         type <= static_cast<uint16_t>(MessageType::kBatchGetObjectInfo);
+         type <= static_cast<uint16_t>(MessageType::kBatchRemoveReplicas);
 }
 
 Status CheckHeader(const FrameHeader& header, uint32_t max_length) {

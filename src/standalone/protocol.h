@@ -27,7 +27,7 @@ namespace larder::standalone {
 
 inline constexpr uint32_t kFrameMagic = 0x3143534c;  // "LSC1"
 // 2: a status carries its ErrorDetail after the message.
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;  // 3: kBatchRemoveReplicas
 
 // Limits both ends enforce; the daemon announces them in its Hello reply.
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;  // payload of one frame
@@ -57,6 +57,7 @@ enum class MessageType : uint16_t {
   kRemoveAll = 13,
   kRemoveByRegex = 14,
   kBatchGetObjectInfo = 15,
+  kBatchRemoveReplicas = 16,  // BatchRemove's payload with the segment's name after `force`
   // Daemon -> client, request_id 0, unsolicited: why the daemon closes the connection (refused
   // uid, too many clients, malformed frame, shutting down). Payload: a status.
   kGoodbye = 0x7fff,

@@ -112,7 +112,10 @@ std::string Session::Handle(uint16_t type, std::string_view payload, Fd fd) {
         status = GetSize(&in, &body);
         break;
       case MessageType::kBatchRemove:
-        status = BatchRemove(&in, &body);
+        status = BatchRemove(&in, &body, /*with_segment=*/false);
+        break;
+      case MessageType::kBatchRemoveReplicas:
+        status = BatchRemove(&in, &body, /*with_segment=*/true);
         break;
       case MessageType::kRemoveAll:
         status = RemoveAll(&in, &body);
@@ -464,11 +467,15 @@ Status Session::GetSize(WireReader* in, WireWriter* out) {
   return Status::Ok();
 }
 
-Status Session::BatchRemove(WireReader* in, WireWriter* out) {
+Status Session::BatchRemove(WireReader* in, WireWriter* out, bool with_segment) {
   bool force = in->Bool("force");
+  std::string segment = with_segment ? in->String(kMaxNameBytes, "segment") : std::string();
   std::vector<std::string> keys = in->Keys();
   LARDER_RETURN_IF_ERROR(in->Finish());
-  EncodeStatuses(store_->BatchRemove(keys, force), out);
+  if (with_segment && segment.empty()) {
+    return InvalidArgumentError("BatchRemoveReplicas names no segment");
+  }
+  EncodeStatuses(store_->BatchRemoveReplicas(keys, segment, force), out);
   return Status::Ok();
 }
 

@@ -857,20 +857,15 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
         return self._call("remove_all", lambda s: s.remove_all(force=bool(force)))
 
     def batch_replica_clear(self, keys, segment_name: str = "") -> list:
-        """Clears the replicas of ``keys`` (on ``segment_name`` only, when given) that no reader
-        holds; returns the keys cleared. Larder drops whole objects only: with a segment name, a
-        key is cleared when every replica it has is on that segment, and left alone otherwise."""
+        """Clears the replicas of ``keys`` (on ``segment_name`` only, when given: the others stay
+        readable, and an object goes with its last replica) that no reader holds; returns the
+        keys cleared."""
         store = self._store
         if store is None or len(keys) == 0:
             return []
         try:
             keys = list(keys)
-            if segment_name:
-                infos = store.batch_get_object_info(keys)
-                keys = [k for k, info in zip(keys, infos)
-                        if not isinstance(info, larder.LarderError) and info.replicas
-                        and all(r.segment_name == segment_name for r in info.replicas)]
-            results = store.batch_remove(keys)
+            results = store.batch_remove(keys, segment=segment_name)
         except _ARGUMENT_ERRORS + (larder.LarderError,) as e:
             _report("batch_replica_clear", e)
             return []
