@@ -38,6 +38,7 @@
 #include "bench/transfer_bench.h"
 #include "common/env.h"
 #include "larder/version.h"
+#include "transfer/transport_registry.h"
 
 namespace {
 
@@ -51,6 +52,18 @@ CLI::Validator ByteSize(bool allow_zero = false) {
         return "";
       },
       "SIZE", "byte size (4K, 64M, 1G)");
+}
+
+// A store protocol this build has: "auto", a transport's name, or a comma list of them.
+CLI::Validator StoreProtocol() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        auto selected = larder::transfer::TransportRegistry::Global().Select(value);
+        return selected.ok() ? "" : selected.status().message();
+      },
+      "PROTOCOL",
+      "auto, or transports of this build (" +
+          larder::transfer::TransportRegistry::Global().ProtocolNames() + ")");
 }
 
 }  // namespace
@@ -144,8 +157,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   s->add_option("--batch", store.batch, "keys per batch call")->capture_default_str();
   s->add_option("--duration", store.duration_s, "seconds per measurement")->capture_default_str();
-  s->add_option("--protocol", store.protocol, "store protocol of the clients")
-      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+  s->add_option("--protocol", store.protocol,
+                "store protocol of the clients: auto, or a comma list of this build's transports")
+      ->check(StoreProtocol())
       ->capture_default_str();
   s->add_option("--working-set", store.working_set,
                 "bytes per client read by gets (default: min(segment/2, 256M))")
@@ -190,8 +204,9 @@ int main(int argc, char** argv) {
       ->default_str("1G");
   p->add_option("--speed", replay_speed, "arrival-time compression factor, or max")
       ->capture_default_str();
-  p->add_option("--protocol", replay.protocol, "store protocol of the clients")
-      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+  p->add_option("--protocol", replay.protocol,
+                "store protocol of the clients: auto, or a comma list of this build's transports")
+      ->check(StoreProtocol())
       ->capture_default_str();
   p->add_option("--requests", replay.requests, "replay the first N requests (0: all)")
       ->capture_default_str();

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -401,6 +402,29 @@ TEST_F(CtlTest, StoreBenchOnALiveMasterLeavesNothingBehind) {
   Ctl after = Run({"--json", "status"}, /*with_tokens=*/false);
   ASSERT_EQ(after.exit_code, 0) << after.err;
   EXPECT_LE(Json(after)["objects"].get<int>(), 6) << "the bench left objects behind";
+}
+
+// `larder-bench store --protocol` takes every protocol the build has: the device route (the
+// emulated device here) with each worker bound to a device as a serving process binds its thread.
+TEST(StoreBenchTest, RunsOverTheDeviceRoute) {
+  Ctl bench = RunShell(Quote(Bin("larder-bench")) +
+                       " store --protocol device --op put,get --value-size 64K --duration 0.5"
+                       " --json </dev/null 2>/dev/null");
+  ASSERT_EQ(bench.exit_code, 0) << bench.out;
+  std::istringstream lines(bench.out);
+  int runs = 0;
+  for (std::string line; std::getline(lines, line);) {
+    json run = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!run.is_object() || run.value("bench", "") != "store") continue;
+    ++runs;
+    EXPECT_EQ(run["protocol"], "device") << line;
+    EXPECT_EQ(run["errors"], 0) << line;
+    if (run["op"] == "get") EXPECT_GT(run["verified"].get<uint64_t>(), 0u) << line;
+  }
+  EXPECT_EQ(runs, 2) << bench.out;
+  Ctl unknown = RunShell(Quote(Bin("larder-bench")) + " store --protocol nvlink </dev/null 2>&1");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.out.find("this build has: auto"), std::string::npos) << unknown.out;
 }
 
 TEST_F(CtlTest, VersionAndHelp) {

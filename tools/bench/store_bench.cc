@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "bench/store_worker.h"
 #include "common/env.h"
 #include "master/master_server.h"
+#include "transfer/transport_registry.h"
 
 namespace larder::bench {
 namespace {
@@ -59,14 +61,23 @@ Result<Cluster> StartCluster(const StoreBenchOptions& options) {
               << "' (other tenants never see its keys; they are removed at the end). Its "
                  "objects take pool space and can evict other clients' objects.\n";
   }
+  // The device transport initializes on the worker thread's current device, as a serving process
+  // binds its thread (cudaSetDevice) before it creates its store: device 0 for each.
+  LARDER_ASSIGN_OR_RETURN(auto selected,
+                          transfer::TransportRegistry::Global().Select(options.protocol));
+  const bool device = std::any_of(selected.begin(), selected.end(), [](const auto& transport) {
+    return transport.factory->name == "device";
+  });
   for (int i = 0; i < options.clients; ++i) {
     std::string name = "bench-" + std::to_string(getpid()) + "-" + std::to_string(i);
-    LARDER_ASSIGN_OR_RETURN(
-        ChildProcess worker,
-        ChildProcess::Spawn({SelfExecutable(), "store-worker", "--master", cluster.master_address,
-                             "--segment-size", std::to_string(options.segment_size), "--protocol",
-                             options.protocol, "--segment-name", name},
-                            env, std::chrono::seconds(30)));
+    std::vector<std::string> argv = {SelfExecutable(), "store-worker",
+                                     "--master",       cluster.master_address,
+                                     "--segment-size", std::to_string(options.segment_size),
+                                     "--protocol",     options.protocol,
+                                     "--segment-name", name};
+    if (device) argv.insert(argv.end(), {"--device", "0"});
+    LARDER_ASSIGN_OR_RETURN(ChildProcess worker,
+                            ChildProcess::Spawn(argv, env, std::chrono::seconds(30)));
     cluster.segments.push_back(worker.address());
     cluster.workers.push_back(std::move(worker));
   }
