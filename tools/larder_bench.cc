@@ -233,6 +233,8 @@ int main(int argc, char** argv) {
       ->transform(ByteSize(/*allow_zero=*/true));
   pw->add_option("--segment-name", replay_worker.segment_name, "segment name");
   pw->add_option("--page-size", replay_worker.page_size, "bytes per block")->transform(ByteSize());
+  pw->add_option("--device", replay_worker.device,
+                 "device the worker's thread binds to before its client starts (-1: none)");
   pw->add_flag("--json", worker_json, "accepted; replies are JSON anyway");
 
   larder::bench::StoreWorkerOptions worker;

@@ -143,7 +143,8 @@ Result<Cluster> StartCluster(const ReplayOptions& options, uint64_t segment_size
         ChildProcess::Spawn(
             {program, "replay-worker", "--master", cluster.master_address, "--segment-size",
              std::to_string(segment_size), "--protocol", options.protocol, "--segment-name", name,
-             "--page-size", std::to_string(options.page_size)},
+             "--page-size", std::to_string(options.page_size), "--device",
+             SelectsDevice(options.protocol) ? "0" : "-1"},
             {}, std::chrono::seconds(60)));
     cluster.workers.push_back(std::move(worker));
   }

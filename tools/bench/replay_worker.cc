@@ -191,8 +191,13 @@ int RunReplayWorker(const ReplayWorkerOptions& options) {
     std::cerr << "replay-worker: --page-size must be positive\n";
     return 2;
   }
-  auto client = CreateWorkerClient(
-      {options.master, options.protocol, options.segment_size, options.segment_name});
+  StoreWorkerOptions client_options;
+  client_options.master = options.master;
+  client_options.protocol = options.protocol;
+  client_options.segment_size = options.segment_size;
+  client_options.segment_name = options.segment_name;
+  client_options.device = options.device;
+  auto client = CreateWorkerClient(client_options);
   if (!client.ok()) {
     std::cerr << "replay-worker: " << client.status() << "\n";
     return 1;

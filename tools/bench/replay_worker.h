@@ -30,6 +30,7 @@ struct ReplayWorkerOptions {
   uint64_t segment_size = 256ull << 20;  // bytes contributed to the pool
   std::string segment_name;              // empty: chosen by the client
   uint64_t page_size = 64ull << 10;      // bytes per block
+  int device = -1;                       // the device its thread binds to first (-1: none)
 };
 
 // Runs the request loop; returns the process exit code.

@@ -8,7 +8,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,7 +18,6 @@
 #include "bench/store_worker.h"
 #include "common/env.h"
 #include "master/master_server.h"
-#include "transfer/transport_registry.h"
 
 namespace larder::bench {
 namespace {
@@ -61,13 +59,8 @@ Result<Cluster> StartCluster(const StoreBenchOptions& options) {
               << "' (other tenants never see its keys; they are removed at the end). Its "
                  "objects take pool space and can evict other clients' objects.\n";
   }
-  // The device transport initializes on the worker thread's current device, as a serving process
-  // binds its thread (cudaSetDevice) before it creates its store: device 0 for each.
-  LARDER_ASSIGN_OR_RETURN(auto selected,
-                          transfer::TransportRegistry::Global().Select(options.protocol));
-  const bool device = std::any_of(selected.begin(), selected.end(), [](const auto& transport) {
-    return transport.factory->name == "device";
-  });
+  // The device transport initializes on the worker thread's current device: device 0 for each.
+  const bool device = SelectsDevice(options.protocol);
   for (int i = 0; i < options.clients; ++i) {
     std::string name = "bench-" + std::to_string(getpid()) + "-" + std::to_string(i);
     std::vector<std::string> argv = {SelfExecutable(), "store-worker",

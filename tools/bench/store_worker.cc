@@ -1,6 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "bench/store_worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "common/env.h"
 #include "larder/store_client.h"
 #include "transfer/device/device_transport.h"
+#include "transfer/transport_registry.h"
 
 namespace larder::bench {
 namespace {
@@ -314,6 +316,12 @@ class Worker {
 };
 
 }  // namespace
+
+bool SelectsDevice(const std::string& protocol) {
+  auto selected = transfer::TransportRegistry::Global().Select(protocol);
+  return selected.ok() && std::any_of(selected->begin(), selected->end(),
+                                      [](const auto& t) { return t.factory->name == "device"; });
+}
 
 Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions& options) {
   LARDER_ASSIGN_OR_RETURN(StoreClientOptions client_options, StoreClientOptions::FromEnvironment());

@@ -71,6 +71,10 @@ void ServeJsonCommands(const std::function<nlohmann::json(const nlohmann::json&)
 
 // The store client of a worker process: StoreClientOptions::FromEnvironment() with the worker's
 // master (when given), protocol, segment size and segment name (when given).
+// Whether `protocol` enables the device transport: its workers then bind their thread to a device
+// (--device) before their client starts, as a serving process does (cudaSetDevice).
+bool SelectsDevice(const std::string& protocol);
+
 Result<std::unique_ptr<StoreClient>> CreateWorkerClient(const StoreWorkerOptions& options);
 
 // The master a benchmark or demo starts in its own process: loopback, a free gRPC port, HTTP on
