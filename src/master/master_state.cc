@@ -675,7 +675,8 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
       continue;
     }
     if (object->state != ObjectState::kComplete) {
-      outcome.status = UnavailableError("key " + QuoteKey(ref.key) + " is still being written");
+      outcome.status = UnavailableError("key " + QuoteKey(ref.key) + " is still being written")
+                           .WithDetail(ErrorDetail::kBeingWritten);
       ++misses;
       if (lease) tally.Get(ref.key, false);
       continue;

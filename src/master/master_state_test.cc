@@ -22,7 +22,10 @@ TEST_F(MasterStateTest, PutThenGetReturnsTheSameReplica) {
   EXPECT_EQ(start.replicas[0].segment_id, segment);
   EXPECT_LE(start.replicas[0].offset + 4096, 1u << 20);
   EXPECT_EQ(Exist("a", "k1").code(), StatusCode::kNotFound);  // not readable before PutEnd
-  EXPECT_EQ(Get("a", "k1").status.code(), StatusCode::kUnavailable);
+  // Being written: a retryable refusal that says so (Mooncake's REPLICA_IS_NOT_READY).
+  const Status writing = Get("a", "k1").status;
+  EXPECT_EQ(writing.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(writing.detail(), ErrorDetail::kBeingWritten) << writing;
   ASSERT_TRUE(PutEnd("a", "k1").ok());
   std::string_view key = "k1";
   auto batch = state_.BatchGetReplicas("a", std::span(&key, 1));
