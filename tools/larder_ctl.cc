@@ -194,7 +194,7 @@ std::string Routes(const json& routes) {
   return out.empty() ? "-" : out;
 }
 
-int Status(const Global& global) {
+int ShowStatus(const Global& global) {
   json s = Http(global).Get("/api/summary");
   if (global.json) {
     PrintJson(s);
@@ -670,7 +670,7 @@ int main(int argc, char** argv) {
       global.http = host + ":9003";
     }
     const std::string command = app.get_subcommands().front()->get_name();
-    if (command == "status") return Status(global);
+    if (command == "status") return ShowStatus(global);
     if (command == "segments") return Segments(global);
     if (command == "clients") return Clients(global);
     if (command == "keys") return Keys(global, prefix, limit);

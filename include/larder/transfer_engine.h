@@ -9,9 +9,10 @@
 //           (SCM_RIGHTS), mapped MAP_SHARED here, then memcpy.
 //   ucx     other hosts over an RDMA fabric, through UCX (builds with libucx; chosen by "auto" only
 //           where UCX has an RDMA lane to the peer).
-//   tcp     anything else (or when forced): the owner's TCP data server.
-//   device  device memory, through a registration-aware device transport (today within one
-//           engine; see docs/devices.md).
+//   tcp     anything else (or when forced): the owner's data server (its engine's address).
+//   device  device memory, through a registration-aware device transport: engines of one host
+//           (the owner's allocation imported by handle; see docs/devices.md). Device segments of
+//           other hosts are not reachable yet.
 //
 // Routes are transports, registered by name (transfer/transport_registry.h); each publishes how
 // it is reached in the segment descriptors. An engine's own address is its bootstrap service,
@@ -184,9 +185,9 @@ struct LARDER_EXPORT TransferEngineOptions {
   // docs/configuration.md), else "auto". "tcp" forces the network even between processes on one
   // host; "ucx" forces UCX to every peer that exports through it.
   std::string protocol;
-  // Address of this engine's bootstrap service, which answers peers' descriptor queries (always
-  // runs; its address is address()). Port 0 picks a free port. Transports with servers of their
-  // own (the tcp data server) bind the same host on a port of their own.
+  // Address of this engine's server, which answers peers' descriptor queries and serves the tcp
+  // route's frames (always runs; its address is address()): "ip:port", port 0 for a free one; a
+  // host name in place of the ip is resolved to its IPv4 address.
   std::string listen_address = "127.0.0.1:0";
   // Cluster secret. Empty: LARDER_AUTH_TOKEN, else none. When set, both ends of every tcp
   // connection and shm handoff prove it to each other (HMAC over both nonces, both engine ids and
