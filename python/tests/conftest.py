@@ -88,6 +88,19 @@ class _Service:
         self.proc.stdout.close()
 
 
+def wait_until(predicate, what: str, timeout: float = 10.0, poll: float = 0.01):
+    """Calls ``predicate`` until it returns something true (returned), failing the test with
+    ``what`` once ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
+
+
 class Master(_Service):
     """A larder-master child."""
 

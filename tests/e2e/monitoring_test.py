@@ -264,6 +264,13 @@ def wait_for(what, predicate, timeout=30):
     raise RuntimeError("timed out waiting for " + what)
 
 
+def heartbeat_since(http_port, seconds):
+    """True when every client listed sent a heartbeat within the last `seconds`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/clients", timeout=10) as reply:
+        clients = json.loads(reply.read())["clients"]
+    return bool(clients) and all(c["last_heartbeat_ms_ago"] < 1000 * seconds for c in clients)
+
+
 def value_of(text, line_prefix):
     for line in text.splitlines():
         if line.startswith(line_prefix + " "):
@@ -290,7 +297,11 @@ def main():
         for run in range(2):
             client, _ = cluster.start(f"client-{run}", client_args)
             wait_for("the client's segment", lambda: segments(1))
-            time.sleep(1.5)  # a heartbeat or more
+            mounted = time.monotonic()
+            # A heartbeat after the mount (it carries the traffic report that per-client series
+            # would come from): the master saw the client more recently than the mount.
+            wait_for("a heartbeat of the client",
+                     lambda: heartbeat_since(http_port, time.monotonic() - mounted))
             seen.append(series_keys(scrape(http_port)))
             cluster.stop(client)
             wait_for("the client to leave", lambda: segments(0))

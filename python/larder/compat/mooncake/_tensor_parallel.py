@@ -200,10 +200,8 @@ class ParallelTensorMethods:
         """get_tensor_with_parallelism for every key (``targets``: one per key, or None)."""
         what = "batch_get_tensor_with_parallelism"
         keys = list(keys)
-        try:
-            plans = [_read_plan(t) for t in _per_key(targets, len(keys), "targets")]
-        except (TypeError, ValueError) as e:
-            _log.warning("%s: %s", what, e)
+        plans = _read_plans(what, targets, len(keys))
+        if plans is None:
             return [None] * len(keys)
         results = [None] * len(keys)
         for mode, layout, indices in _groups(plans):
@@ -235,10 +233,8 @@ class ParallelTensorMethods:
         keys = list(keys)
         if self._not_ready() or len(buffer_ptrs) != len(keys) or len(sizes) != len(keys):
             return [_INVALID] * len(keys)
-        try:
-            plans = [_read_plan(t) for t in _per_key(targets, len(keys), "targets")]
-        except (TypeError, ValueError) as e:
-            _log.warning("%s: %s", what, e)
+        plans = _read_plans(what, targets, len(keys))
+        if plans is None:
             return [None] * len(keys)
         results = [None] * len(keys)
         for mode, layout, indices in _groups(plans):
@@ -377,6 +373,16 @@ class ParallelTensorMethods:
         ctypes.memmove(buffer_ptr, header, len(header))
         ctypes.memmove(buffer_ptr + len(header), bytes(data), len(data))
         return deserialize_tensor(_object_at(buffer_ptr, total), copy=False)
+
+
+def _read_plans(what, targets, n):
+    """The read plan of each of ``n`` keys' ``targets`` (None: as stored), or None (logged) when
+    one is malformed."""
+    try:
+        return [_read_plan(t) for t in _per_key(targets, n, "targets")]
+    except (TypeError, ValueError) as e:
+        _log.warning("%s: %s", what, e)
+        return None
 
 
 def _groups(plans) -> list:
