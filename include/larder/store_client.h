@@ -161,6 +161,22 @@ struct LARDER_EXPORT ObjectInfo {
   std::vector<ReplicaInfo> replicas;
 };
 
+// What StoreClient::BatchRemoveReplicas removes.
+struct LARDER_EXPORT RemoveScope {
+  // Only each object's replica on the segment of this name (ListSegments' names); "": the whole
+  // object.
+  std::string segment;
+  // Objects put or read within this long stay, as Mooncake's batch_replica_clear keeps objects
+  // in their KV lease (the master counts it from its sweeps: up to one sweep interval longer).
+  // Zero: no such rule; at most 24 h. `force` does not override it.
+  std::chrono::milliseconds unused_for{0};
+  // Objects leased to a reader go too (the reader finishes reading the old bytes).
+  bool force = false;
+
+  // InvalidArgument when `unused_for` is negative or above 24 h.
+  Status Validate() const;
+};
+
 class LARDER_EXPORT StoreClient {
  public:
   // Creates the store engine, allocates and mounts the global segment, and starts heartbeats.
@@ -251,12 +267,13 @@ class LARDER_EXPORT StoreClient {
   virtual Status Remove(std::string_view key, bool force = false) = 0;
   virtual std::vector<Status> BatchRemove(std::span<const std::string> keys,
                                           bool force = false) = 0;
-  // Removes each key's replica on the segment named `segment` (ListSegments' names); an object
-  // whose last replica that was goes as BatchRemove removes it, the others stay readable from
-  // their other replicas. Per item as BatchRemove, and NotFound when the key has no replica
-  // there (or no such segment is mounted).
+  // BatchRemove narrowed by `scope`: with a segment name, only each key's replica there (an
+  // object whose last replica that was goes as BatchRemove removes it, the others stay readable
+  // from their other replicas); with `unused_for`, only objects not put or read for that long.
+  // Per item as BatchRemove, and NotFound when the key has no replica on the segment (or no such
+  // segment is mounted), Unavailable with ErrorDetail::kLeased when it was used too recently.
   virtual std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
-                                                  std::string_view segment, bool force = false) = 0;
+                                                  const RemoveScope& scope) = 0;
   // Removes every object of this client's tenant that no reader holds a lease on (with `force`,
   // leased ones too); returns how many were removed. Needs the admin token on a master with a
   // cluster token.

@@ -4,6 +4,8 @@
 // return one item per key, the LarderError instance in place of a failed item.
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -391,11 +393,19 @@ class PyStore {
     ThrowIfError(WithoutGil([&] { return client->Remove(key, force); }));
   }
 
-  py::list BatchRemove(const std::vector<std::string>& keys, bool force,
-                       const std::string& segment) {
+  py::list BatchRemove(const std::vector<std::string>& keys, bool force, const std::string& segment,
+                       double unused_for) {
+    if (!(unused_for >= 0 && unused_for <= 86400)) {
+      throw StatusError(InvalidArgumentError("unused_for of " + std::to_string(unused_for) +
+                                             " s is outside 0..86400"));
+    }
+    RemoveScope scope;
+    scope.force = force;
+    scope.segment = segment;
+    scope.unused_for =
+        std::chrono::milliseconds(static_cast<int64_t>(std::ceil(unused_for * 1000)));
     auto client = Client();
-    return StatusList(
-        WithoutGil([&] { return client->BatchRemoveReplicas(keys, segment, force); }));
+    return StatusList(WithoutGil([&] { return client->BatchRemoveReplicas(keys, scope); }));
   }
 
   uint64_t RemoveAll(bool force) {
@@ -754,10 +764,11 @@ registered buffer.)doc")
            "lease (unless ``force``: readers finish reading the old bytes) or it is being "
            "written (retry later).")
       .def("batch_remove", &PyStore::BatchRemove, py::arg("keys"), py::kw_only(),
-           py::arg("force") = false, py::arg("segment") = "",
+           py::arg("force") = false, py::arg("segment") = "", py::arg("unused_for") = 0.0,
            "Returns None or the LarderError per key. With ``segment`` (a segment's name), "
            "removes only each key's replica there (the object goes with its last replica); "
-           "NotFoundError for a key with no replica there.")
+           "NotFoundError for a key with no replica there. With ``unused_for`` (seconds), "
+           "objects put or read within that long stay: UnavailableError (leased) for them.")
       .def("remove_all", &PyStore::RemoveAll, py::kw_only(), py::arg("force") = false,
            "Removes every object of this tenant no reader holds a lease on (with ``force``, "
            "leased ones too); returns how many were removed. Needs the admin token on a master "

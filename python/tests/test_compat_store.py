@@ -85,6 +85,7 @@ def test_setup_from_environment(mooncake_store, master, monkeypatch, tmp_path):
     resolved = compat.load_config()
     assert resolved["global_segment_size"] == 4 << 30
     assert resolved["master_server_addr"] == "127.0.0.1:1"
+    assert resolved["default_kv_lease_ttl"] == 5000  # Mooncake master's default, in ms
     # The environment wins over the file, explicit arguments over both.
     monkeypatch.setenv("MOONCAKE_MASTER", master.address)
     monkeypatch.setenv("MOONCAKE_PROTOCOL", "tcp")
@@ -102,8 +103,14 @@ def test_setup_from_environment(mooncake_store, master, monkeypatch, tmp_path):
     monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", "a lot")
     assert s.setup() == INVALID
     monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", "16mb")
+    # Each setup on a store of its own: a store refuses a second setup after a failed one.
+    for ttl in ("soon", "-1"):
+        monkeypatch.setenv("MOONCAKE_DEFAULT_KV_LEASE_TTL", ttl)
+        assert mooncake_store.MooncakeDistributedStore().setup() == INVALID
+    monkeypatch.setenv("MOONCAKE_DEFAULT_KV_LEASE_TTL", "250")
+    assert compat.load_config()["default_kv_lease_ttl"] == 250
     monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(tmp_path / "missing.json"))
-    assert s.setup() == INVALID
+    assert mooncake_store.MooncakeDistributedStore().setup() == INVALID
 
 
 def test_larder_store_ignores_mooncake_environment(master, monkeypatch):

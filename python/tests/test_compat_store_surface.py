@@ -256,29 +256,57 @@ def test_remove_force_and_regex(mc):
 
 
 def test_batch_replica_clear(mc):
+    """Mooncake's master keeps each object in a KV lease (5 s) after each put and read, and
+    batch_replica_clear skips objects in theirs."""
     assert mc.put_batch(["rc/a", "rc/b"], [b"a", b"b"]) == 0
-    assert mc.batch_replica_clear(["rc/a", "rc/missing"]) == ["rc/a"]
-    assert mc.batch_replica_clear(["rc/b"], "no-such-segment") == []
-    assert mc.batch_replica_clear(["rc/b"], mc.get_hostname()) == ["rc/b"]
-    assert mc.batch_is_exist(["rc/a", "rc/b"]) == [0, 0]
+    assert mc.batch_replica_clear(["rc/a", "rc/missing"]) == []
+    assert mc.batch_replica_clear(["rc/b"], mc.get_hostname()) == []
+    assert mc.batch_is_exist(["rc/a", "rc/b"]) == [1, 1]
+    assert mc.get("rc/a") == b"a"
 
 
-def test_batch_replica_clear_on_one_segment_keeps_the_other_replica(mc, mooncake_store, master):
+@pytest.fixture
+def short_lease(mooncake_store, master, monkeypatch):
+    """A store whose KV lease is 1 s (MOONCAKE_DEFAULT_KV_LEASE_TTL, in ms)."""
+    monkeypatch.setenv("MOONCAKE_DEFAULT_KV_LEASE_TTL", "1000")
+    s = setup_mooncake_store(mooncake_store, master.address)
+    yield s
+    s.close()
+
+
+def test_batch_replica_clear_after_the_kv_lease(short_lease):
+    mc = short_lease
+    assert mc.put_batch(["rcl/a", "rcl/b"], [b"a", b"b"]) == 0
+    wait_until(lambda: mc.batch_replica_clear(["rcl/a", "rcl/missing"]) == ["rcl/a"],
+               "rcl/a's KV lease to end")
+    assert mc.batch_replica_clear(["rcl/b"], "no-such-segment") == []
+    assert mc.get("rcl/b") == b"b"  # a read renews the lease
+    assert mc.batch_replica_clear(["rcl/b"], mc.get_hostname()) == []
+    wait_until(lambda: mc.batch_replica_clear(["rcl/b"], mc.get_hostname()) == ["rcl/b"],
+               "rcl/b's KV lease to end")
+    assert mc.batch_is_exist(["rcl/a", "rcl/b"]) == [0, 0]
+
+
+def test_batch_replica_clear_on_one_segment_keeps_the_other_replica(short_lease, mooncake_store,
+                                                                    master):
     """Mooncake's batch_replica_clear(keys, segment_name): only the replicas on that segment go;
     the key stays readable from its other replica, and goes with its last one."""
+    mc = short_lease
     other = setup_mooncake_store(mooncake_store, master.address)
     try:
         config = mooncake_store.ReplicateConfig()
         config.replica_num = 2
         assert mc.put("rc2/k", b"two replicas", config=config) == 0
-        assert mc.batch_replica_clear(["rc2/k"], mc.get_hostname()) == ["rc2/k"]
+        wait_until(lambda: mc.batch_replica_clear(["rc2/k"], mc.get_hostname()) == ["rc2/k"],
+                   "rc2/k's KV lease to end")
         assert other.get("rc2/k") == b"two replicas"
         assert mc.get("rc2/k") == b"two replicas"
         # None left on that segment: nothing to clear there.
         assert mc.batch_replica_clear(["rc2/k"], mc.get_hostname()) == []
-        # The reads' leases end when their releases reach the master (a moment after each read).
+        # The reads renewed the KV lease; their own leases end when their releases reach the
+        # master (a moment after each read).
         wait_until(lambda: mc.batch_replica_clear(["rc2/k"], other.get_hostname()) == ["rc2/k"],
-                   "the reads' leases to end")
+                   "rc2/k's KV lease to end")
         assert mc.is_exist("rc2/k") == 0
     finally:
         other.close()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import larder
-from conftest import ClientDaemon, have_client_daemon
+from conftest import ClientDaemon, have_client_daemon, wait_until
 
 MB = 1 << 20
 RPC_FAIL = -900
@@ -57,6 +57,25 @@ def test_attach_zero_copy_and_copying(daemon, master):
         store.close()
     with pytest.raises(larder.FailedPreconditionError):
         larder.Store(master.address, global_segment_size="8MiB").allocate_shared(4096)
+
+
+def test_attached_remove_keeps_what_was_used_recently(daemon):
+    """batch_remove's segment and unused_for reach the daemon's master as they would an embedded
+    client's."""
+    store = larder.Store.attach(daemon.address)
+    try:
+        store.batch_put(["sr/a", "sr/b"], [b"a", b"b"])
+        kept = store.batch_remove(["sr/a"], segment=daemon.segment_name, unused_for=60)
+        assert isinstance(kept[0], larder.UnavailableError), kept
+        wait_until(lambda: store.batch_remove(["sr/a"], segment=daemon.segment_name,
+                                              unused_for=0.5) == [None],
+                   "an object put 0.5 s ago to go")
+        assert store.batch_remove(["sr/b"], unused_for=0) == [None]
+        assert store.batch_exist(["sr/a", "sr/b"]) == [False, False]
+        with pytest.raises(larder.InvalidArgumentError):
+            store.batch_remove(["sr/b"], unused_for=-1)
+    finally:
+        store.close()
 
 
 def _writer(address: str, keys: list, done) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import larder
+from conftest import wait_until
 
 
 # ---- construction and lifetime ----
@@ -290,6 +291,24 @@ def test_exist_size_remove(fresh_master, prefix):
     store.remove(prefix + "read")  # the read's lease ended with its copy
     assert store.exist(prefix + "read") is False
     store.close()
+
+
+def test_batch_remove_keeps_what_was_used_recently(store, prefix):
+    """unused_for: objects put or read within that long stay (UnavailableError), the rest go."""
+    old, read = prefix + "old", prefix + "read"
+    store.batch_put([old, read], [b"o", b"r"])
+    kept = store.batch_remove([old, read], unused_for=60)
+    assert all(isinstance(r, larder.UnavailableError) for r in kept), kept
+    assert store.batch_exist([old, read]) == [True, True]
+    wait_until(lambda: store.batch_remove([old], unused_for=0.5) == [None],
+               "an object put 0.5 s ago to go")
+    assert store.get(read) == b"r"  # a read is a use too
+    assert isinstance(store.batch_remove([read], unused_for=30)[0], larder.UnavailableError)
+    assert store.batch_remove([read], unused_for=0) == [None]
+    with pytest.raises(larder.InvalidArgumentError):
+        store.batch_remove([read], unused_for=-1)
+    with pytest.raises(larder.InvalidArgumentError):
+        store.batch_remove([read], unused_for=86401)
 
 
 def test_remove_all(fresh_master):

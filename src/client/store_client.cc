@@ -378,16 +378,20 @@ class StoreClientImpl final : public StoreClient {
   }
 
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
-    return BatchRemoveReplicas(keys, {}, force);
+    return BatchRemoveReplicas(keys, RemoveScope{.force = force});
   }
 
   std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
-                                          std::string_view segment, bool force) override {
+                                          const RemoveScope& scope) override {
+    if (Status bad = scope.Validate(); !bad.ok()) {
+      return std::vector<Status>(keys.size(), bad);
+    }
     proto::BatchKeysRequest request;
     proto::BatchStatusReply reply;
     AddKeys(keys, request.mutable_keys());
-    request.set_force(force);
-    request.set_segment(std::string(segment));
+    request.set_force(scope.force);
+    request.set_segment(scope.segment);
+    request.set_unused_for_ms(static_cast<uint32_t>(scope.unused_for.count()));
     Status status = Rpc("BatchRemove", &Stub::BatchRemove, &request, &reply);
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
     return ItemStatuses(keys.size(), reply.errors());

@@ -11,6 +11,16 @@
 
 namespace larder {
 
+Status RemoveScope::Validate() const {
+  constexpr auto kMaxUnusedFor = std::chrono::hours(24);
+  if (unused_for.count() < 0 || unused_for > kMaxUnusedFor) {
+    return InvalidArgumentError(
+        "unused_for of " + std::to_string(unused_for.count()) + " ms is outside 0.." +
+        std::to_string(std::chrono::milliseconds(kMaxUnusedFor).count()) + " ms");
+  }
+  return Status::Ok();
+}
+
 Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
   StoreClientOptions options;
   auto set_string = [](const char* name, std::string* field) {

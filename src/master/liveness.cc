@@ -52,11 +52,33 @@ void MasterState::ForgiveStall(int64_t now) {
 
 void MasterState::SampleRates(int64_t now) {
   constexpr int64_t kWindow = 10'000'000'000;  // 10 s
+  constexpr size_t kMaxTickSamples = 4096;
   MutexLock lock(rate_mu_);
   eviction_samples_.emplace_back(now, counters_.evictions.load(std::memory_order_relaxed));
   while (eviction_samples_.size() > 2 && eviction_samples_.front().first < now - kWindow) {
     eviction_samples_.pop_front();
   }
+  const uint64_t tick = tick_.load(std::memory_order_relaxed);
+  if (!tick_samples_.empty() && tick_samples_.back().second == tick) return;
+  if (tick_samples_.size() == kMaxTickSamples) {
+    // Every other sample of the older half goes: recent times keep a sweep's resolution.
+    size_t kept = 0;
+    for (size_t i = 0; i < tick_samples_.size(); ++i) {
+      if (i < kMaxTickSamples / 2 && i % 2 == 1) continue;
+      tick_samples_[kept++] = tick_samples_[i];
+    }
+    tick_samples_.resize(kept);
+  }
+  tick_samples_.emplace_back(now, tick);
+}
+
+std::optional<uint64_t> MasterState::TickAtOrBefore(int64_t time) const {
+  MutexLock lock(rate_mu_);
+  auto after = std::upper_bound(
+      tick_samples_.begin(), tick_samples_.end(), time,
+      [](int64_t t, const std::pair<int64_t, uint64_t>& sample) { return t < sample.first; });
+  if (after == tick_samples_.begin()) return std::nullopt;
+  return std::prev(after)->second;
 }
 
 std::vector<ClientView> MasterState::ListClients() const {

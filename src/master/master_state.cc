@@ -793,9 +793,15 @@ Result<std::vector<Status>> MasterState::BatchExist(const std::string& client_id
 
 Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_id,
                                                      std::span<const std::string_view> keys,
-                                                     bool force, std::string_view segment) {
+                                                     bool force, std::string_view segment,
+                                                     std::chrono::milliseconds unused_for) {
   LARDER_RETURN_IF_ERROR(CheckBatchSize(keys.size(), "keys"));
   LARDER_RETURN_IF_ERROR(LookupSlot(client_id).status());
+  if (unused_for < std::chrono::milliseconds{0} || unused_for > kMaxUnusedFor) {
+    return InvalidArgumentError(
+        "unused_for of " + std::to_string(unused_for.count()) + " ms is outside 0.." +
+        std::to_string(std::chrono::milliseconds(kMaxUnusedFor).count()) + " ms");
+  }
   std::vector<Status> results(keys.size());
   std::optional<PoolSegmentId> on_segment;
   if (!segment.empty()) {
@@ -809,6 +815,12 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
     on_segment = holder->segment_id;
   }
   int64_t now = Now();
+  // Objects whose last use is above this tick were put or read within `unused_for`. Without a
+  // sample that old (a young master), every object may have been.
+  std::optional<uint64_t> used_after;
+  if (unused_for.count() > 0) {
+    used_after = TickAtOrBefore(now - ToNanos(unused_for)).value_or(0);
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRef ref(keys[i]);
     if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
@@ -838,6 +850,13 @@ Result<std::vector<Status>> MasterState::BatchRemove(const std::string& client_i
             UnavailableError("key " + QuoteKey(ref.key) + " is leased to a reader for another " +
                              std::to_string((object->lease_until - now) / 1000000 + 1) +
                              " ms; retry later")
+                .WithDetail(ErrorDetail::kLeased);
+        continue;
+      }
+      if (used_after && object->last_access > *used_after) {
+        results[i] =
+            UnavailableError("key " + QuoteKey(ref.key) + " was put or read within the last " +
+                             std::to_string(unused_for.count()) + " ms; retry later")
                 .WithDetail(ErrorDetail::kLeased);
         continue;
       }

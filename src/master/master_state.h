@@ -236,10 +236,16 @@ class MasterState {
   // `force`, a leased object is removed too; its replicas are reused only once its leases ended.
   // With a `segment` name, only each object's replica on that segment goes (its range logged
   // REMOVE in that segment's catalog), and the object with its last replica; per item NotFound
-  // also when the object has no replica there.
+  // also when the object has no replica there. With `unused_for` > 0, objects put or read within
+  // that long (counted from the sweeps' tick samples, so up to a sweep_interval more) stay,
+  // Unavailable with kLeased, as Mooncake's batch_replica_clear skips objects in their KV lease;
+  // `force` does not override it. Errors: InvalidArgument when `unused_for` exceeds
+  // kMaxUnusedFor.
   Result<std::vector<Status>> BatchRemove(const std::string& client_id,
                                           std::span<const std::string_view> keys,
-                                          bool force = false, std::string_view segment = {});
+                                          bool force = false, std::string_view segment = {},
+                                          std::chrono::milliseconds unused_for = {});
+  static constexpr std::chrono::hours kMaxUnusedFor{24};
   // Removes every complete object of `tenant` (see KeyInTenant) that no reader holds a lease on;
   // with `force`, leased ones too (their replicas reused once their leases ended; counted in
   // `removed`). Objects being written stay. Errors: InvalidArgument (bad tenant name).
@@ -499,6 +505,13 @@ class MasterState {
   // (master clock, evictions so far), one sample per sweep over the last kRateWindow.
   mutable Mutex rate_mu_;
   std::deque<std::pair<int64_t, uint64_t>> eviction_samples_ LARDER_GUARDED_BY(rate_mu_);
+  // (master clock, tick_) at sweeps where the tick had moved, oldest first: an object whose
+  // last_access is above a sample's tick was put or read after that sample's time. Bounded by
+  // thinning the older half when full, so old times keep a coarser record.
+  std::vector<std::pair<int64_t, uint64_t>> tick_samples_ LARDER_GUARDED_BY(rate_mu_);
+  // The tick of the newest sample taken at or before `time`; nullopt when there is none (every
+  // object may have been used since).
+  std::optional<uint64_t> TickAtOrBefore(int64_t time) const;
   void SampleRates(int64_t now);
 
   Mutex sweeper_mu_;

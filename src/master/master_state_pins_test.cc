@@ -334,6 +334,52 @@ TEST_F(MasterStateTest, RemovingTheReplicaOnOneSegmentKeepsTheOthers) {
   EXPECT_EQ(state_.Stats().objects, 0u);
 }
 
+// Mooncake's batch_replica_clear skips objects in their KV lease, which every put and read
+// renews: `unused_for` keeps what was put or read within that long, as the sweeps' tick samples
+// tell it.
+TEST_F(MasterStateTest, RemovingWhatWasNotUsedForAWhileKeepsRecentObjects) {
+  Mount("a", "seg-a", 1 << 20);
+  auto remove_unused = [&](std::string_view key, milliseconds unused_for) {
+    return One(state_.BatchRemove("a", std::span(&key, 1), false, {}, unused_for));
+  };
+  ASSERT_TRUE(Put("a", "old", 4096).ok());
+  ASSERT_TRUE(Put("a", "read", 4096).ok());
+  Sweep();
+  // A master with no sample that old (it started within the window) keeps everything.
+  Status young = remove_unused("old", milliseconds(5000));
+  EXPECT_EQ(young.code(), StatusCode::kUnavailable) << young;
+  EXPECT_EQ(young.detail(), ErrorDetail::kLeased);
+  for (int i = 0; i < 60; ++i) {  // 6 s of sweeps, every 100 ms
+    Advance(milliseconds(100));
+    if (i == 40) {
+      uint64_t lease_id = 0;
+      ASSERT_TRUE(Get("a", "read", &lease_id).status.ok());  // read 4.1 s after the puts
+      ASSERT_TRUE(Release("a", lease_id).ok());
+    }
+    Sweep();
+  }
+  ASSERT_TRUE(Put("a", "new", 4096).ok());
+  Status read = remove_unused("read", milliseconds(5000));
+  EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read;
+  EXPECT_EQ(read.detail(), ErrorDetail::kLeased);
+  EXPECT_EQ(remove_unused("new", milliseconds(5000)).code(), StatusCode::kUnavailable);
+  // `force` ends a reader's lease, not this rule.
+  std::string_view new_key = "new";
+  EXPECT_EQ(
+      One(state_.BatchRemove("a", std::span(&new_key, 1), true, {}, milliseconds(5000))).code(),
+      StatusCode::kUnavailable);
+  EXPECT_TRUE(remove_unused("old", milliseconds(5000)).ok());
+  EXPECT_EQ(Exist("a", "old").code(), StatusCode::kNotFound);
+  // A shorter window clears the one read 1.9 s ago; zero clears anything.
+  EXPECT_TRUE(remove_unused("read", milliseconds(1500)).ok());
+  EXPECT_TRUE(remove_unused("new", milliseconds(0)).ok());
+  EXPECT_EQ(remove_unused("x", milliseconds(-1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(One(state_.BatchRemove("a", std::span(&new_key, 1), false, {},
+                                   MasterState::kMaxUnusedFor + milliseconds(1)))
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(TenantTest, KeysBelongToOneTenant) {
   using namespace std::string_literals;
   EXPECT_EQ(KeyInTenant("\0t\0k"s, "t"), "k");

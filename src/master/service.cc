@@ -499,7 +499,8 @@ class MasterService final : public proto::Master::Service {
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     return StatusList(state_->BatchRemove(request->client_id(), Keys(*request), request->force(),
-                                          request->segment()),
+                                          request->segment(),
+                                          std::chrono::milliseconds(request->unused_for_ms())),
                       reply);
   }
 

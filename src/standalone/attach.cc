@@ -371,23 +371,32 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   }
 
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
-    return BatchRemoveReplicas(keys, {}, force);
+    return BatchRemoveReplicas(keys, RemoveScope{.force = force});
   }
 
-  // kBatchRemove without a segment; kBatchRemoveReplicas (protocol version 3) with one.
+  // kBatchRemove for whole objects; kBatchRemoveReplicas (protocol version 3) with a segment;
+  // kBatchRemoveScoped (version 4) when objects in use are to stay.
   std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
-                                          std::string_view segment, bool force) override {
-    if (Status limit = CheckBatch(keys.size()); !limit.ok()) {
-      return std::vector<Status>(keys.size(), limit);
-    }
+                                          const RemoveScope& scope) override {
+    Status bad = CheckBatch(keys.size());
+    if (bad.ok()) bad = scope.Validate();
+    if (!bad.ok()) return std::vector<Status>(keys.size(), bad);
+    MessageType type = MessageType::kBatchRemove;
     WireWriter request;
-    request.U8(force ? 1 : 0);
-    if (!segment.empty()) request.String(segment);
+    request.U8(scope.force ? 1 : 0);
+    if (scope.unused_for.count() > 0) {
+      type = MessageType::kBatchRemoveScoped;
+      request.String(scope.segment);
+      request.U32(static_cast<uint32_t>(scope.unused_for.count()));
+    } else if (!scope.segment.empty()) {
+      type = MessageType::kBatchRemoveReplicas;
+      request.String(scope.segment);
+    }
     request.Keys(keys);
     std::vector<Status> statuses;
-    Status status = Call(
-        segment.empty() ? MessageType::kBatchRemove : MessageType::kBatchRemoveReplicas, request,
-        [&](WireReader* in) { statuses = standalone::DecodeStatuses(in, keys.size()); });
+    Status status = Call(type, request, [&](WireReader* in) {
+      statuses = standalone::DecodeStatuses(in, keys.size());
+    });
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
     return statuses;
   }

@@ -187,7 +187,7 @@ TEST_F(HostileTest, TheFirstRequestMustBeHello) {
 TEST_F(HostileTest, UnknownTypesEndTheConnection) {
   for (uint16_t type :
        {uint16_t{0},
-        static_cast<uint16_t>(static_cast<uint16_t>(MessageType::kBatchRemoveReplicas) + 1),
+        static_cast<uint16_t>(static_cast<uint16_t>(MessageType::kBatchRemoveScoped) + 1),
         uint16_t{0x7fff}, static_cast<uint16_t>(0x8000 | 4)}) {
     RawPeer peer = Connect();
     ASSERT_TRUE(peer.Hello().ok());

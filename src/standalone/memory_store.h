@@ -148,11 +148,16 @@ class MemoryStore final : public StoreClient {
     return out;
   }
   // One segment, one replica per object: the segment's name is this store's.
+  // It keeps no use times: `unused_for` is refused.
   std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
-                                          std::string_view segment, bool force) override {
-    if (segment.empty() || segment == name_) return BatchRemove(keys, force);
+                                          const RemoveScope& scope) override {
+    if (scope.unused_for.count() > 0) {
+      return std::vector<Status>(keys.size(),
+                                 UnimplementedError("the in-memory store keeps no use times"));
+    }
+    if (scope.segment.empty() || scope.segment == name_) return BatchRemove(keys, scope.force);
     return std::vector<Status>(keys.size(),
-                               NotFoundError("no segment named '" + std::string(segment) + "'"));
+                               NotFoundError("no segment named '" + scope.segment + "'"));
   }
   Result<uint64_t> RemoveAll(bool) override {
     MutexLock lock(mu_);

@@ -51,6 +51,8 @@ std::string MessageTypeName(uint16_t type) {
       return "BatchGetObjectInfo";
     case MessageType::kBatchRemoveReplicas:
       return "BatchRemoveReplicas";
+    case MessageType::kBatchRemoveScoped:
+      return "BatchRemoveScoped";
     case MessageType::kGoodbye:
       return "Goodbye";
   }
@@ -59,7 +61,7 @@ std::string MessageTypeName(uint16_t type) {
 
 bool IsRequestType(uint16_t type) {
   return type >= static_cast<uint16_t>(MessageType::kHello) &&
-         type <= static_cast<uint16_t>(MessageType::kBatchRemoveReplicas);
+         type <= static_cast<uint16_t>(MessageType::kBatchRemoveScoped);
 }
 
 Status CheckHeader(const FrameHeader& header, uint32_t max_length) {

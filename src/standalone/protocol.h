@@ -27,7 +27,8 @@ namespace larder::standalone {
 
 inline constexpr uint32_t kFrameMagic = 0x3143534c;  // "LSC1"
 // 2: a status carries its ErrorDetail after the message.
-inline constexpr uint32_t kProtocolVersion = 3;  // 3: kBatchRemoveReplicas
+// 3: kBatchRemoveReplicas. 4: kBatchRemoveScoped.
+inline constexpr uint32_t kProtocolVersion = 4;
 
 // Limits both ends enforce; the daemon announces them in its Hello reply.
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;  // payload of one frame
@@ -58,6 +59,9 @@ enum class MessageType : uint16_t {
   kRemoveByRegex = 14,
   kBatchGetObjectInfo = 15,
   kBatchRemoveReplicas = 16,  // BatchRemove's payload with the segment's name after `force`
+  // BatchRemove's payload with the segment's name ("" for whole objects) and unused_for in ms
+  // (u32) after `force`.
+  kBatchRemoveScoped = 17,
   // Daemon -> client, request_id 0, unsolicited: why the daemon closes the connection (refused
   // uid, too many clients, malformed frame, shutting down). Payload: a status.
   kGoodbye = 0x7fff,

@@ -112,10 +112,9 @@ std::string Session::Handle(uint16_t type, std::string_view payload, Fd fd) {
         status = GetSize(&in, &body);
         break;
       case MessageType::kBatchRemove:
-        status = BatchRemove(&in, &body, /*with_segment=*/false);
-        break;
       case MessageType::kBatchRemoveReplicas:
-        status = BatchRemove(&in, &body, /*with_segment=*/true);
+      case MessageType::kBatchRemoveScoped:
+        status = BatchRemove(&in, &body, static_cast<MessageType>(type));
         break;
       case MessageType::kRemoveAll:
         status = RemoveAll(&in, &body);
@@ -467,15 +466,20 @@ Status Session::GetSize(WireReader* in, WireWriter* out) {
   return Status::Ok();
 }
 
-Status Session::BatchRemove(WireReader* in, WireWriter* out, bool with_segment) {
-  bool force = in->Bool("force");
-  std::string segment = with_segment ? in->String(kMaxNameBytes, "segment") : std::string();
+Status Session::BatchRemove(WireReader* in, WireWriter* out, MessageType type) {
+  RemoveScope scope;
+  scope.force = in->Bool("force");
+  if (type != MessageType::kBatchRemove) scope.segment = in->String(kMaxNameBytes, "segment");
+  if (type == MessageType::kBatchRemoveScoped) {
+    scope.unused_for = std::chrono::milliseconds(in->U32());
+  }
   std::vector<std::string> keys = in->Keys();
   LARDER_RETURN_IF_ERROR(in->Finish());
-  if (with_segment && segment.empty()) {
+  if (type == MessageType::kBatchRemoveReplicas && scope.segment.empty()) {
     return InvalidArgumentError("BatchRemoveReplicas names no segment");
   }
-  EncodeStatuses(store_->BatchRemoveReplicas(keys, segment, force), out);
+  LARDER_RETURN_IF_ERROR(scope.Validate());
+  EncodeStatuses(store_->BatchRemoveReplicas(keys, scope), out);
   return Status::Ok();
 }
 

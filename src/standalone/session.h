@@ -100,7 +100,7 @@ class Session {
   Status BatchGetStaged(WireReader* in, WireWriter* out);
   Status BatchExist(WireReader* in, WireWriter* out);
   Status GetSize(WireReader* in, WireWriter* out);
-  Status BatchRemove(WireReader* in, WireWriter* out, bool with_segment);
+  Status BatchRemove(WireReader* in, WireWriter* out, MessageType type);
   Status RemoveAll(WireReader* in, WireWriter* out);
   Status RemoveByRegex(WireReader* in, WireWriter* out);
   Status BatchGetObjectInfo(WireReader* in, WireWriter* out);

@@ -91,6 +91,9 @@ _DEFAULTS = {
     "client_http_port": 9300,
     "enable_ssd_offload": False,
     "ssd_offload_path": "",
+    # Mooncake's master keeps an object in a KV lease this long (ms) after each put and read;
+    # batch_replica_clear skips objects in theirs.
+    "default_kv_lease_ttl": 5000,
 }
 
 # Spellings found in Mooncake, SGLang and LMCache configuration files, mapped to setup()'s names.
@@ -109,6 +112,7 @@ _CONFIG_KEYS = {
     "client_http_port": "client_http_port",
     "enable_ssd_offload": "enable_ssd_offload",
     "ssd_offload_path": "ssd_offload_path",
+    "default_kv_lease_ttl": "default_kv_lease_ttl",
 }
 
 _ENV_KEYS = {
@@ -120,6 +124,7 @@ _ENV_KEYS = {
     "MOONCAKE_DEVICE": "rdma_devices",
     "MOONCAKE_MASTER": "master_server_addr",
     "MOONCAKE_TENANT_ID": "tenant_id",
+    "MOONCAKE_DEFAULT_KV_LEASE_TTL": "default_kv_lease_ttl",
 }
 
 
@@ -165,6 +170,13 @@ def load_config(overrides: Mapping | None = None) -> dict:
         raise ValueError(f"client_http_port: {e}") from e
     if not 0 <= config["client_http_port"] <= 65535:
         raise ValueError(f"client_http_port {config['client_http_port']} is not a port")
+    try:
+        config["default_kv_lease_ttl"] = int(_trimmed(config["default_kv_lease_ttl"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"default_kv_lease_ttl: {e}") from e
+    if not 0 <= config["default_kv_lease_ttl"] <= 86_400_000:
+        raise ValueError(f"default_kv_lease_ttl {config['default_kv_lease_ttl']} ms is outside "
+                         "0..86400000")
     return config
 
 

@@ -283,6 +283,8 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
         # refused until close, as in Mooncake.
         self._set_up = False
         self._local_buffer_size = 0  # the most a copying write stages (setup's argument)
+        # batch_replica_clear keeps objects put or read within this many ms (Mooncake's KV lease).
+        self._kv_lease_ttl_ms = 5000
         self._registered: dict[int, int] = {}  # register_buffer's ranges: address -> size
 
     # ---- lifetime ----
@@ -357,6 +359,7 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
         with self._lock:
             self._store = store
             self._local_buffer_size = config["local_buffer_size"]
+            self._kv_lease_ttl_ms = config["default_kv_lease_ttl"]
         if config["enable_client_http_server"]:
             from ._http import ClientHttpServer
 
@@ -384,6 +387,11 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
                 and isinstance(server_address, str) and server_address):
             return _INVALID
         try:
+            lease_ttl_ms = load_config()["default_kv_lease_ttl"]
+        except ValueError as e:
+            _log.error("setup_dummy: %s", e)
+            return _INVALID
+        try:
             store = larder.Store.attach(server_address, staging_bytes=local_buffer_size)
         except larder.LarderError as e:
             _log.error("setup_dummy(%s): %s", server_address, e)
@@ -392,6 +400,7 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
             self._store = store
             self._pool_left = int(mem_pool_size)
             self._local_buffer_size = int(local_buffer_size)
+            self._kv_lease_ttl_ms = lease_ttl_ms
         return 0
 
     def _begin_setup(self, what: str) -> bool:
@@ -858,14 +867,17 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
 
     def batch_replica_clear(self, keys, segment_name: str = "") -> list:
         """Clears the replicas of ``keys`` (on ``segment_name`` only, when given: the others stay
-        readable, and an object goes with its last replica) that no reader holds; returns the
-        keys cleared."""
+        readable, and an object goes with its last replica) that no reader holds and that were
+        not put or read within the KV lease (``default_kv_lease_ttl``, 5 s: Mooncake's master
+        keeps each object in a lease that long after each put and read); returns the keys
+        cleared."""
         store = self._store
         if store is None or len(keys) == 0:
             return []
         try:
             keys = list(keys)
-            results = store.batch_remove(keys, segment=segment_name)
+            results = store.batch_remove(keys, segment=segment_name,
+                                         unused_for=self._kv_lease_ttl_ms / 1000)
         except _ARGUMENT_ERRORS + (larder.LarderError,) as e:
             _report("batch_replica_clear", e)
             return []
