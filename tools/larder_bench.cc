@@ -102,6 +102,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   t->add_option("--copy-threads", transfer.copy_threads, "engine copy threads (0: default)");
   t->add_option("--token", transfer.auth_token, "cluster token (default: LARDER_AUTH_TOKEN)");
+  t->add_option("--memory", transfer.memory,
+                "host, or device: the target's segment and this side's buffers in device memory "
+                "(device 0), the target in its own network namespace (another host id without "
+                "root), beside the same run's host-memory figures")
+      ->check(CLI::IsMember({"host", "device"}))
+      ->capture_default_str();
   t->add_flag("--json", transfer.json, "one JSON object per line");
 
   larder::bench::TargetOptions target;
@@ -114,6 +120,8 @@ int main(int argc, char** argv) {
   g->add_option("--segment-name", target.segment_name, "segment name")->capture_default_str();
   g->add_option("--protocol", target.protocol, "routes this engine enables")->capture_default_str();
   g->add_flag("--huge-pages", target.huge_pages, "use 2 MiB huge pages when available");
+  g->add_option("--device", target.device,
+                "bind this device first (with a protocol naming device: a device segment)");
   g->add_flag("--json", target.json,
               "also announce the segment as one JSON object (after the READY line)");
 

@@ -279,6 +279,16 @@ struct LARDER_EXPORT EngineStats {
   uint64_t device_import_calls = 0;
   uint64_t device_import_failures = 0;
   uint64_t device_import_ns = 0;
+  // Device memory staged through pinned host memory for the CPU's routes (an engine with a device
+  // transport): pinned buffers allocated (each of the staging chunk size) and leased now (0 when
+  // nothing is being staged), times a transfer waited for a free one, bytes copied device -> host
+  // and host -> device, and staging copies that failed.
+  uint64_t staging_buffers = 0;
+  uint64_t staging_buffers_in_use = 0;
+  uint64_t staging_waits = 0;
+  uint64_t staged_to_host_bytes = 0;
+  uint64_t staged_to_device_bytes = 0;
+  uint64_t staging_copy_failures = 0;
 
   // Reads and writes on `route` over every peer.
   TransferCounters ByRoute(RouteKind route) const;
@@ -286,7 +296,7 @@ struct LARDER_EXPORT EngineStats {
   TransferCounters ByPeer(std::string_view engine_id, RouteKind route) const;
   // {"peers":[{engine_id, host_id, address, route, reads:{requests,bytes,failures},
   //  writes:{...}}], "routes":{"shm":{requests,bytes,failures}, ...}, "mapped_segments":n, ...,
-  //  "device_imports":n, ...}
+  //  "device_imports":n, ..., "staging_buffers":n, ...}
   std::string ToJson() const;
 };
 

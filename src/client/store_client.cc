@@ -378,7 +378,9 @@ class StoreClientImpl final : public StoreClient {
   }
 
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
-    return BatchRemoveReplicas(keys, RemoveScope{.force = force});
+    RemoveScope scope;
+    scope.force = force;
+    return BatchRemoveReplicas(keys, scope);
   }
 
   std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,

@@ -312,5 +312,56 @@ TEST_F(StoreClientTest, StoreOnDeviceProtocolBesidePdEngineOnAnother) {
   device.SetCurrentDevice(-1).IgnoreError();
 }
 
+// Store clients of two hosts on LARDER_STORE_PROTOCOL=device,tcp: each segment is device memory,
+// and a get or put across the hosts goes over tcp through pinned staging on both ends
+// ("tcp-staged"), into host buffers and into registered device buffers alike.
+TEST_F(StoreClientTest, DeviceSegmentsOfAnotherHostOverTcpStaged) {
+  testutil::ScopedEnv store_protocol("LARDER_STORE_PROTOCOL", "device,tcp");
+  transfer::EmulatedDevice device;
+  ASSERT_TRUE(device.SetCurrentDevice(0).ok());
+  StartMaster();
+  auto make = [&](const std::string& host) {
+    StoreClientOptions options;
+    options.master_address = master_->address();
+    options.global_segment_size = 16ull << 20;
+    options.host_id = host;
+    options.segment_name = "seg-" + host;
+    options.local_hostname = "127.0.0.1";
+    auto client = StoreClient::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  };
+  auto a = make("host-a");
+  auto b = make("host-b");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->engine().ListSegments().at(0).memory_kind, MemoryKind::kDevice);
+  // A put into A's segment from B, a get of it from B: both cross the hosts.
+  PutConfig on_a;
+  on_a.preferred_segments = {"seg-host-a"};
+  auto value = Bytes(3 << 20, 9);
+  ASSERT_TRUE(b->Put("cross", value, on_a).ok());
+  auto got = b->Get("cross");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), value.size());
+  EXPECT_EQ(std::memcmp(got->data(), value.data(), value.size()), 0);
+  EXPECT_EQ(*b->RouteTo("seg-host-a"), RouteKind("tcp-staged"));
+  // Into a device buffer of B's registered with the store: staged on B's side too.
+  auto buffer = b->engine().AllocateSegmentMemory(4 << 20);
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_EQ((*buffer)->kind(), MemoryKind::kDevice);
+  Status registered = b->RegisterBuffer((*buffer)->data(), (*buffer)->size());
+  ASSERT_TRUE(registered.ok()) << registered;
+  auto read = b->GetInto("cross", (*buffer)->data(), (*buffer)->size());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, value.size());
+  EXPECT_EQ(std::memcmp((*buffer)->data(), value.data(), value.size()), 0);
+  EngineStats stats = b->engine().Stats();
+  EXPECT_GE(stats.ByRoute(RouteKind("tcp-staged")).bytes, 3 * value.size());
+  EXPECT_GT(stats.staged_to_device_bytes, 0u);
+  EXPECT_GT(a->engine().Stats().staged_to_host_bytes, 0u);
+  EXPECT_TRUE(b->UnregisterBuffer((*buffer)->data()).ok());
+  device.SetCurrentDevice(-1).IgnoreError();
+}
+
 }  // namespace
 }  // namespace larder

@@ -17,9 +17,11 @@ enum class Locality { kSameHost, kOtherHost };
 std::string_view LocalityName(Locality locality);  // "same_host", "other_host"
 
 // The routes that TrafficTotals keeps apart, always all of them (a series for each, zero until
-// used); a route a client names beyond these is counted as "other".
-inline constexpr std::array<std::string_view, 5> kTotalledRoutes = {"local", "shm", "tcp", "ucx",
-                                                                    "device"};
+// used); a route a client names beyond these is counted as "other". "<route>-staged" is device
+// memory that a CPU route moved through pinned host staging (tcp: either end's device memory).
+inline constexpr std::array<std::string_view, 9> kTotalledRoutes = {
+    "local",      "shm",          "tcp",        "ucx",       "device",
+    "tcp-staged", "local-staged", "shm-staged", "ucx-staged"};
 inline constexpr std::string_view kOtherRoute = "other";
 
 // The host part of an engine id "<host_id>/<pid>/<fingerprint>" (TransferEngine::id()); the whole

@@ -371,7 +371,9 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   }
 
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
-    return BatchRemoveReplicas(keys, RemoveScope{.force = force});
+    RemoveScope scope;
+    scope.force = force;
+    return BatchRemoveReplicas(keys, scope);
   }
 
   // kBatchRemove for whole objects; kBatchRemoveReplicas (protocol version 3) with a segment;

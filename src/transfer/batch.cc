@@ -17,6 +17,7 @@ void BatchState::Prepare(size_t n) {
   }
   count = n;
   request_segment.assign(n, nullptr);
+  local_device.assign(n, 0);
   slices.clear();
   dispatch.clear();
   keepalive.clear();

@@ -21,7 +21,10 @@ struct OpenedSegment;
 struct RequestProgress {
   std::atomic<uint32_t> pending_slices{0};
   std::atomic<uint64_t> bytes{0};
+  // 1 + the index of the route that moved the (last) bytes, with kStagedRoute set when they went
+  // through a pinned staging buffer on this side; 0 before any did.
   std::atomic<uint8_t> route{0};
+  static constexpr uint8_t kStagedRoute = 0x80;
   Status status;  // guarded by BatchState::mu
 };
 
@@ -35,7 +38,8 @@ struct BatchState {
   size_t capacity = 0;
   std::unique_ptr<RequestProgress[]> progress;
   std::vector<OpenedSegment*> request_segment;  // null for requests that failed validation
-  std::vector<Slice> slices;                    // never reallocated while the batch runs
+  std::vector<uint8_t> local_device;  // 1 where the request's local buffer is device memory
+  std::vector<Slice> slices;          // never reallocated while the batch runs
   std::vector<Slice*> dispatch;
   std::vector<std::shared_ptr<OpenedSegment>> keepalive;
   // The last segment this slot looked up, kept across uses of the slot so that a thread that keeps

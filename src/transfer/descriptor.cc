@@ -56,7 +56,13 @@ std::string EngineStats::ToJson() const {
                         {"device_imported_bytes", device_imported_bytes},
                         {"device_import_calls", device_import_calls},
                         {"device_import_failures", device_import_failures},
-                        {"device_import_ns", device_import_ns}}
+                        {"device_import_ns", device_import_ns},
+                        {"staging_buffers", staging_buffers},
+                        {"staging_buffers_in_use", staging_buffers_in_use},
+                        {"staging_waits", staging_waits},
+                        {"staged_to_host_bytes", staged_to_host_bytes},
+                        {"staged_to_device_bytes", staged_to_device_bytes},
+                        {"staging_copy_failures", staging_copy_failures}}
       .dump();
 }
 

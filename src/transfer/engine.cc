@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "transfer/batch.h"
 #include "transfer/bootstrap.h"
+#include "transfer/device/device_staging.h"
 #include "transfer/engine_internal.h"
 #include "transfer/segment_exports.h"
 #include "transfer/transport_registry.h"
@@ -55,8 +56,14 @@ struct OpenedSegment {
   // A way to the segment.
   struct Route {
     Transport* transport = nullptr;
-    RouteKind kind;                    // transport->route(), cached for the hot path
+    // transport->route(), cached for the hot path; "<route>-staged" when the segment is device
+    // memory that its owner stages through host memory for this CPU route.
+    RouteKind kind;
     PeerCounters* counters = nullptr;  // owned by the engine
+    // Where requests whose local buffer is device memory are counted when this (CPU) route moves
+    // them through this engine's staging buffers: "<route>-staged". Null without staging.
+    RouteKind staged_kind;
+    PeerCounters* staged_counters = nullptr;
   };
   // What a fallback route has opened: null until its first need; `failed` once an open failed.
   struct Fallback {
@@ -72,6 +79,11 @@ struct OpenedSegment {
 };
 
 namespace {
+
+// The route name of traffic that `route` carried through pinned host staging.
+RouteKind StagedRoute(RouteKind route) {
+  return RouteKind(std::string(RouteKindName(route)) + "-staged");
+}
 
 bool IsRetryable(const Status& s) {
   switch (s.code()) {
@@ -158,6 +170,28 @@ class Engine final : public TransferEngine, public SliceCallback {
   void OnSliceDone(Slice* slice, Status status) override;
 
  private:
+  // A slice whose local buffer is device memory, moved by a CPU route through a pinned staging
+  // buffer: the route reports to it, and it to the engine once the bytes are where they belong.
+  struct StagedSlice final : SliceCallback {
+    StagedSlice(Engine* e, Transport* t, RemoteSegment* r, Slice* s)
+        : engine(e), transport(t), remote(r), slice(s), device(s->local) {}
+    void OnSliceDone(Slice* done, Status status) override;
+    Engine* engine;
+    Transport* transport;
+    RemoteSegment* remote;  // kept alive by the slice's batch
+    Slice* slice;
+    uint8_t* device;  // the slice's own local buffer
+    DeviceStaging::Buffer buffer;
+  };
+
+  // The route for `transport` to `descriptor`, with its counters.
+  OpenedSegment::Route MakeRoute(Transport* transport, const SegmentDescriptor& descriptor);
+  // Hands slices to `transport`: those with a device buffer through staging when it is a CPU
+  // route, the others as they are.
+  void Dispatch(Transport* transport, RemoteSegment& remote, std::span<Slice* const> slices);
+  void StageSlice(Transport* transport, RemoteSegment& remote, Slice* slice);
+  // The staged slice is over: its buffer goes back, its local pointer is its own again.
+  void EndStaged(StagedSlice* staged, Status status);
   std::shared_ptr<OpenedSegment> FindOpened(SegmentHandle handle) const {
     ReaderLock lock(opened_mu_);
     auto it = opened_.find(handle);
@@ -169,8 +203,15 @@ class Engine final : public TransferEngine, public SliceCallback {
   // Describes [base, base + size) through every transport and adds it to the exports.
   Result<SegmentId> Export(std::string name, uint8_t* base, uint64_t size, MemoryKind kind,
                            size_t page_size, std::shared_ptr<MemoryRegion> memory);
-  uint64_t SliceCount(uint64_t length) const {
-    return (length + options_.slice_bytes - 1) / options_.slice_bytes;
+  // Slices of a request: at most slice_bytes each, and at most one staging buffer when its local
+  // buffer is device memory.
+  uint64_t SliceBytes(bool local_device) const {
+    return local_device ? std::min<uint64_t>(options_.slice_bytes, staging_->chunk_bytes())
+                        : options_.slice_bytes;
+  }
+  uint64_t SliceCount(uint64_t length, bool local_device) const {
+    const uint64_t bytes = SliceBytes(local_device);
+    return (length + bytes - 1) / bytes;
   }
   bool LocalRangeRegistered(const void* ptr, uint64_t length) const;
   // Opens the next route after `attempt` for a retry; null when there is none.
@@ -190,6 +231,9 @@ class Engine final : public TransferEngine, public SliceCallback {
   std::unique_ptr<ThreadPool> copy_pool_;
   std::unique_ptr<wire::FrameServer> server_;
   bool check_local_registration_ = false;
+  // The device transport and its staging, when the engine has one.
+  Transport* device_transport_ = nullptr;
+  DeviceStaging* staging_ = nullptr;
 
   mutable SharedMutex opened_mu_;
   std::unordered_map<SegmentHandle, std::shared_ptr<OpenedSegment>> opened_
@@ -206,6 +250,98 @@ class Engine final : public TransferEngine, public SliceCallback {
   std::map<std::pair<std::string, RouteKind>, std::unique_ptr<PeerCounters>> counters_
       LARDER_GUARDED_BY(stats_mu_);
 };
+
+OpenedSegment::Route Engine::MakeRoute(Transport* transport, const SegmentDescriptor& descriptor) {
+  OpenedSegment::Route route;
+  route.transport = transport;
+  route.kind = transport->route();
+  const bool cpu_route = transport != device_transport_;
+  // The owner stages its device memory for a CPU route (tcp's server does).
+  if (cpu_route && descriptor.memory_kind == MemoryKind::kDevice)
+    route.kind = StagedRoute(route.kind);
+  route.counters = CountersFor(descriptor, route.kind);
+  if (staging_ != nullptr && cpu_route) {
+    route.staged_kind = StagedRoute(transport->route());
+    route.staged_counters = CountersFor(descriptor, route.staged_kind);
+  } else {
+    route.staged_kind = route.kind;
+    route.staged_counters = route.counters;
+  }
+  return route;
+}
+
+void Engine::Dispatch(Transport* transport, RemoteSegment& remote, std::span<Slice* const> slices) {
+  if (staging_ == nullptr || transport == device_transport_) {
+    transport->Submit(remote, slices, this);
+    return;
+  }
+  size_t staged = 0;
+  for (Slice* s : slices) staged += s->local_device ? 1 : 0;
+  if (staged == 0) {
+    transport->Submit(remote, slices, this);
+    return;
+  }
+  std::vector<Slice*> direct;
+  direct.reserve(slices.size() - staged);
+  for (Slice* s : slices) {
+    if (s->local_device) {
+      StageSlice(transport, remote, s);
+    } else {
+      direct.push_back(s);
+    }
+  }
+  if (!direct.empty()) transport->Submit(remote, direct, this);
+}
+
+// Reads land in the pinned buffer and are copied to the device after the route reports; writes
+// are copied to the buffer on a copy thread first, so that one slice's device copy runs beside
+// another's network transfer. A pool with no free buffer queues the slice (back-pressure).
+void Engine::StageSlice(Transport* transport, RemoteSegment& remote, Slice* slice) {
+  auto* staged = new StagedSlice(this, transport, &remote, slice);
+  staging_->AcquireAsync(
+      DeviceStaging::Pool::kInitiate, copy_pool_.get(),
+      [this, staged](Result<DeviceStaging::Buffer> buffer) {
+        Slice* s = staged->slice;
+        if (!buffer.ok()) return EndStaged(staged, buffer.status());
+        if (Clock::now() >= s->deadline) {
+          return EndStaged(
+              staged, DeadlineExceededError("the request's deadline passed while it waited for a "
+                                            "pinned staging buffer"));
+        }
+        staged->buffer = std::move(buffer).value();
+        if (s->op == TransferOp::kRead) {
+          s->local = staged->buffer.data();
+          Slice* one[1] = {s};
+          staged->transport->Submit(*staged->remote, one, staged);
+          return;
+        }
+        copy_pool_->Schedule([this, staged] {
+          Slice* w = staged->slice;
+          Status copied = staging_->ToHost(staged->buffer.data(), staged->device, w->length);
+          if (!copied.ok()) return EndStaged(staged, copied);
+          w->local = staged->buffer.data();
+          Slice* one[1] = {w};
+          staged->transport->Submit(*staged->remote, one, staged);
+        });
+      });
+}
+
+void Engine::StagedSlice::OnSliceDone(Slice* done, Status status) {
+  if (status.ok() && done->op == TransferOp::kRead) {
+    engine->copy_pool_->Schedule([this] {
+      engine->EndStaged(this, engine->staging_->ToDevice(device, buffer.data(), slice->length));
+    });
+    return;
+  }
+  engine->EndStaged(this, std::move(status));
+}
+
+void Engine::EndStaged(StagedSlice* staged, Status status) {
+  Slice* slice = staged->slice;
+  slice->local = staged->device;
+  delete staged;  // its buffer goes back to the pool
+  OnSliceDone(slice, std::move(status));
+}
 
 PeerCounters* Engine::CountersFor(const SegmentDescriptor& descriptor, RouteKind route) {
   MutexLock lock(stats_mu_);
@@ -301,6 +437,13 @@ Status Engine::Init() {
   server_->set_advertised_endpoint(context_.engine_address);
   ServeDescriptors(server_.get(), &exports_);
 
+  for (auto& t : transports_) {
+    if (DeviceStaging* staging = t->device_staging(); staging != nullptr) {
+      device_transport_ = t.get();
+      staging_ = staging;
+      context_.device_staging = staging;
+    }
+  }
   check_local_registration_ = options_.require_local_registration;
   std::string names;
   for (auto& t : transports_) {
@@ -436,7 +579,18 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
   auto opened = std::make_shared<OpenedSegment>();
   opened->descriptor = descriptor;
   Status last;
+  // Device memory goes native when the device route reaches it, whatever the routes' order: the
+  // CPU's routes reach it only through staging copies.
+  std::vector<Transport*> order;
+  order.reserve(transports_.size());
+  const bool native_first = device_transport_ != nullptr &&
+                            descriptor.memory_kind == MemoryKind::kDevice &&
+                            device_transport_->CanReach(descriptor);
+  if (native_first) order.push_back(device_transport_);
   for (auto& t : transports_) {
+    if (!native_first || t.get() != device_transport_) order.push_back(t.get());
+  }
+  for (Transport* t : order) {
     if (!t->CanReach(descriptor)) continue;
     if (opened->routes.empty()) {
       auto remote = t->Open(descriptor);
@@ -448,11 +602,11 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
                      "); trying the next route");
         continue;
       }
-      opened->routes.push_back({t.get(), t->route(), CountersFor(descriptor, t->route())});
+      opened->routes.push_back(MakeRoute(t, descriptor));
       opened->primary = std::move(remote).value();
     } else {
       // Opened on first need.
-      opened->routes.push_back({t.get(), t->route(), CountersFor(descriptor, t->route())});
+      opened->routes.push_back(MakeRoute(t, descriptor));
     }
   }
   if (opened->routes.empty()) {
@@ -474,7 +628,7 @@ Result<SegmentHandle> Engine::OpenSegment(const SegmentDescriptor& descriptor) {
   opened->handle = next_handle_++;
   opened_[opened->handle] = opened;
   Log().info("segment '{}' of engine {}: route {}", descriptor.name, descriptor.engine_id,
-             RouteKindName(opened->routes[0].transport->route()));
+             RouteKindName(opened->routes[0].kind));
   return opened->handle;
 }
 
@@ -527,7 +681,7 @@ OpenedSegment* Engine::LookupForBatch(BatchState* batch, SegmentHandle handle) c
 Result<RouteKind> Engine::SegmentRoute(SegmentHandle handle) const {
   auto s = FindOpened(handle);
   if (!s) return NotFoundError("no open segment handle " + std::to_string(handle));
-  return s->routes[0].transport->route();
+  return s->routes[0].kind;
 }
 
 Result<SegmentDescriptor> Engine::SegmentInfo(SegmentHandle handle) const {
@@ -584,7 +738,9 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
       batch->failed_requests.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    uint64_t slices = SliceCount(r.length);
+    const bool local_device = staging_ != nullptr && staging_->IsDeviceMemory(r.local, r.length);
+    batch->local_device[i] = local_device;
+    uint64_t slices = SliceCount(r.length, local_device);
     batch->progress[i].pending_slices.store(static_cast<uint32_t>(slices),
                                             std::memory_order_relaxed);
     total_slices += slices;
@@ -599,12 +755,15 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
   for (size_t i = 0; i < requests.size(); ++i) {
     if (batch->request_segment[i] == nullptr) continue;
     const TransferRequest& r = requests[i];
-    for (uint64_t off = 0; off < r.length; off += options_.slice_bytes) {
+    const bool local_device = batch->local_device[i] != 0;
+    const uint64_t slice_bytes = SliceBytes(local_device);
+    for (uint64_t off = 0; off < r.length; off += slice_bytes) {
       Slice s;
       s.op = r.op;
       s.local = static_cast<uint8_t*>(r.local) + off;
       s.offset = r.offset + off;
-      s.length = std::min<uint64_t>(options_.slice_bytes, r.length - off);
+      s.length = std::min<uint64_t>(slice_bytes, r.length - off);
+      s.local_device = local_device;
       s.deadline = deadline;
       s.latency = latency;
       s.batch = batch;
@@ -625,12 +784,12 @@ Result<BatchId> Engine::Submit(std::span<const TransferRequest> requests,
            (batch->request_segment[i] == seg || batch->request_segment[i] == nullptr);
          ++i) {
       if (batch->request_segment[i] == nullptr) continue;
-      uint64_t n = SliceCount(requests[i].length);
+      uint64_t n = SliceCount(requests[i].length, batch->local_device[i] != 0);
       for (uint64_t k = 0; k < n; ++k) batch->dispatch.push_back(&batch->slices[next_slice++]);
     }
     // Transports copy what they keep of the span; no one else can reach this batch before
     // Submit returns its id, so reusing `dispatch` for the next run is safe.
-    seg->routes[0].transport->Submit(*seg->primary, batch->dispatch, this);
+    Dispatch(seg->routes[0].transport, *seg->primary, batch->dispatch);
   }
   return id;
 }
@@ -672,7 +831,7 @@ void Engine::OnSliceDone(Slice* slice, Status status) {
                    "); retrying on " + std::string(next->name()));
       slice->attempt = attempt;
       Slice* one[1] = {slice};
-      next->Submit(*remote, one, this);
+      Dispatch(next, *remote, one);
       return;
     }
   }
@@ -681,9 +840,10 @@ void Engine::OnSliceDone(Slice* slice, Status status) {
 
 void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status,
                          const OpenedSegment::Route& used) {
-  const RouteKind route = used.kind;
-  PeerCounters::Op& counters =
-      slice->op == TransferOp::kRead ? used.counters->reads : used.counters->writes;
+  const bool staged = slice->local_device && used.transport != device_transport_;
+  const RouteKind route = staged ? used.staged_kind : used.kind;
+  PeerCounters* peer = staged ? used.staged_counters : used.counters;
+  PeerCounters::Op& counters = slice->op == TransferOp::kRead ? peer->reads : peer->writes;
   if (status.ok()) counters.bytes.fetch_add(slice->length, std::memory_order_relaxed);
   RequestProgress& p = batch->progress[slice->request];
   // When this is the request's last slice no other thread touches its counters, so plain
@@ -696,7 +856,9 @@ void Engine::FinishSlice(BatchState* batch, Slice* slice, const Status& status,
     } else {
       p.bytes.fetch_add(slice->length, std::memory_order_relaxed);
     }
-    p.route.store(static_cast<uint8_t>(slice->attempt + 1), std::memory_order_relaxed);
+    p.route.store(
+        static_cast<uint8_t>((slice->attempt + 1) | (staged ? RequestProgress::kStagedRoute : 0)),
+        std::memory_order_relaxed);
   } else {
     MutexLock lock(batch->mu);
     if (p.status.ok()) {
@@ -765,10 +927,12 @@ Result<std::vector<TransferResult>> Engine::Results(BatchId id) {
     out[i].status = batch->progress[i].status;
     out[i].bytes = batch->progress[i].bytes.load(std::memory_order_relaxed);
     // progress.route is 1 + the index of the route (in the request's segment) that moved bytes.
-    uint8_t used = batch->progress[i].route.load(std::memory_order_relaxed);
+    const uint8_t route = batch->progress[i].route.load(std::memory_order_relaxed);
+    const uint8_t used = route & ~RequestProgress::kStagedRoute;
     const OpenedSegment* segment = batch->request_segment[i];
     if (used != 0 && segment != nullptr && used <= segment->routes.size()) {
-      out[i].route = segment->routes[used - 1].kind;
+      const OpenedSegment::Route& r = segment->routes[used - 1];
+      out[i].route = (route & RequestProgress::kStagedRoute) != 0 ? r.staged_kind : r.kind;
     }
   }
   return out;

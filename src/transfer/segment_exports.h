@@ -52,6 +52,27 @@ class SegmentExports {
     return Status();
   }
 
+  // As Access, for device segments only: fn(base + offset) gets a pointer that only the device
+  // backend's copies may touch. FailedPrecondition for a segment that is not device memory.
+  template <typename Fn>
+  Status AccessDevice(SegmentId id, uint64_t offset, uint64_t length, Fn&& fn) const {
+    ReaderLock lock(mu_);
+    auto it = segments_.find(id);
+    if (it == segments_.end()) return UnknownSegment(id);
+    if (it->second.descriptor.memory_kind != MemoryKind::kDevice) {
+      return FailedPreconditionError("segment " + std::to_string(id) + " is not device memory");
+    }
+    LARDER_RETURN_IF_ERROR(CheckRange(it->second.descriptor, offset, length));
+    fn(it->second.base + offset);
+    return Status();
+  }
+  // Whether segment `id` is device memory (false for unknown ids).
+  bool IsDevice(SegmentId id) const {
+    ReaderLock lock(mu_);
+    auto it = segments_.find(id);
+    return it != segments_.end() && it->second.descriptor.memory_kind == MemoryKind::kDevice;
+  }
+
   // A copy of the entry (memory reference included). NotFound for unknown ids.
   Result<ExportedSegment> Get(SegmentId id) const;
 

@@ -24,6 +24,7 @@ class ThreadPool;
 
 namespace transfer {
 
+class DeviceStaging;
 class SegmentExports;
 namespace wire {
 class FrameServer;
@@ -52,6 +53,9 @@ struct EngineContext {
   // the frame protocol (tcp) register their request handlers on it in Start, and are reached at
   // the same port as the bootstrap service.
   wire::FrameServer* frame_server = nullptr;
+  // Pinned host staging over the device transport's backend (device_staging.h), when the engine
+  // has a device transport: CPU routes serve this engine's device segments through it.
+  DeviceStaging* device_staging = nullptr;
 };
 
 // How the engine's protocol selected a transport.
@@ -75,6 +79,8 @@ struct Slice {
   void* batch = nullptr;
   uint32_t request = 0;
   uint32_t attempt = 0;
+  // `local` is device memory: a CPU route moves it through a pinned staging buffer.
+  bool local_device = false;
 };
 
 // Receives the outcome of every slice handed to Transport::Submit, exactly once per slice, from
@@ -147,6 +153,8 @@ class Transport {
   virtual void Unexport(SegmentId id) { (void)id; }
   // Adds what this transport holds (e.g. mapped peer segments) to the engine's stats.
   virtual void AddStats(EngineStats* stats) const { (void)stats; }
+  // The device transport's staging through pinned host memory; null for every other transport.
+  virtual DeviceStaging* device_staging() { return nullptr; }
 
   virtual Status RegisterLocalMemory(void* ptr, size_t size) {
     (void)ptr;

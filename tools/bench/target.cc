@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/transfer_engine.h"
+#include "transfer/device/device_transport.h"
 
 namespace larder::bench {
 
@@ -15,10 +16,16 @@ Status RunTarget(const TargetOptions& options) {
   engine_options.listen_address = options.listen_address;
   engine_options.auth_token = options.auth_token;
   engine_options.use_huge_pages = options.huge_pages;
+  if (options.device >= 0) {
+    LARDER_RETURN_IF_ERROR(transfer::DefaultDeviceBackend()->SetCurrentDevice(options.device));
+  }
   LARDER_ASSIGN_OR_RETURN(auto engine, TransferEngine::Create(engine_options));
   LARDER_ASSIGN_OR_RETURN(auto memory, engine->AllocateSegmentMemory(options.segment_size));
-  // Fault every page in now so that the first measurement does not pay for it.
-  std::memset(memory->data(), options.fill, memory->size());
+  // Fault every page in now so that the first measurement does not pay for it. Device memory is
+  // not the CPU's to touch: the initiator's warm-up pass writes it.
+  if (memory->kind() != MemoryKind::kDevice) {
+    std::memset(memory->data(), options.fill, memory->size());
+  }
   LARDER_ASSIGN_OR_RETURN(SegmentId id, engine->RegisterSegment(options.segment_name, memory));
   (void)id;
   AnnounceReady(engine->address());
@@ -36,12 +43,19 @@ Status RunTarget(const TargetOptions& options) {
 }
 
 Result<ChildProcess> SpawnTarget(const TargetOptions& options,
-                                 const std::map<std::string, std::string>& env) {
-  std::vector<std::string> argv = {SelfExecutable(), "target",
-                                   "--listen",       options.listen_address,
-                                   "--segment-size", std::to_string(options.segment_size),
-                                   "--segment-name", options.segment_name,
-                                   "--protocol",     options.protocol};
+                                 const std::map<std::string, std::string>& env,
+                                 const std::vector<std::string>& prefix) {
+  std::vector<std::string> argv = prefix;
+  std::vector<std::string> own = {SelfExecutable(), "target",
+                                  "--listen",       options.listen_address,
+                                  "--segment-size", std::to_string(options.segment_size),
+                                  "--segment-name", options.segment_name,
+                                  "--protocol",     options.protocol};
+  argv.insert(argv.end(), own.begin(), own.end());
+  if (options.device >= 0) {
+    argv.push_back("--device");
+    argv.push_back(std::to_string(options.device));
+  }
   if (options.huge_pages) argv.push_back("--huge-pages");
   if (options.json) argv.push_back("--json");
   std::map<std::string, std::string> child_env = env;

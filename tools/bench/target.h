@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "bench/process.h"
 #include "larder/status.h"
@@ -19,7 +20,10 @@ struct TargetOptions {
   std::string protocol = "auto";  // "auto" also serves shm handoffs
   std::string auth_token;         // empty: LARDER_AUTH_TOKEN or none
   bool huge_pages = false;
-  uint8_t fill = 0x5a;  // every byte of the segment starts with this value
+  uint8_t fill = 0x5a;  // every byte of host memory segments starts with this value
+  // Binds this (emulated or CUDA) device before the engine's first allocation, so that a protocol
+  // with "device" exports device memory; -1: none.
+  int device = -1;
   // After "READY <address>", also print one JSON object describing what is served: address,
   // segment_name, segment_size, page_size, protocol.
   bool json = false;
@@ -30,8 +34,10 @@ struct TargetOptions {
 // BlockTerminationSignals() ran first.
 Status RunTarget(const TargetOptions& options);
 
-// Starts `<this executable> target ...` with `options` and extra environment `env`.
+// Starts `<this executable> target ...` with `options` and extra environment `env`, behind
+// `prefix` (e.g. NetworkNamespace::ExecPrefix(), to run it in another namespace).
 Result<ChildProcess> SpawnTarget(const TargetOptions& options,
-                                 const std::map<std::string, std::string>& env = {});
+                                 const std::map<std::string, std::string>& env = {},
+                                 const std::vector<std::string>& prefix = {});
 
 }  // namespace larder::bench

@@ -27,6 +27,12 @@ struct TransferBenchOptions {
   std::string segment_name = "bench";  // the target's segment
   std::string auth_token;
   size_t copy_threads = 0;  // engine copy pool; 0: engine default
+  // "device": the target's segment and this side's buffers in device memory (device 0 of the
+  // build's device backend), moved by `transport` (a CPU route) through pinned staging on both
+  // ends, with the target on another host (its own network namespace where this process may
+  // make one, else another host id); every row also measures host memory over the same route
+  // to the same place.
+  std::string memory = "host";
   bool json = false;
   bool progress = true;  // progress bar on stderr for runs longer than a second
 };
@@ -46,6 +52,11 @@ struct TransferBenchRow {
   double p99_us = 0;
   double memcpy_gbps = 0;
   double ratio_vs_memcpy = 0;
+  // --memory device: "device", and host memory's figure over the same route in the same run.
+  std::string memory = "host";
+  double host_gbps = 0;
+  double ratio_vs_host = 0;
+  std::string placement;  // --memory device: "netns" or "host-id"
 
   std::string ToJson() const;
 };

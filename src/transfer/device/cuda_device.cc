@@ -123,6 +123,7 @@ CudaDevice::~CudaDevice() {
     if (registration.pinned) cudaHostUnregister(reinterpret_cast<void*>(begin));
   }
   for (auto& [begin, allocation] : allocations_) cudaFree(allocation.raw);
+  for (auto& [begin, allocation] : host_allocations_) cudaFreeHost(allocation.raw);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
@@ -305,6 +306,49 @@ Result<bool> CudaDevice::QueryCopy(uint64_t id) {
   copies_.erase(it);
   if (state != cudaSuccess) return CudaError(state, "copy " + std::to_string(id));
   return true;
+}
+
+Status CudaDevice::WaitCopy(uint64_t id) {
+  cudaEvent_t event = nullptr;
+  {
+    MutexLock lock(mu_);
+    LARDER_RETURN_IF_ERROR(CheckBound("copy wait"));
+    auto it = copies_.find(id);
+    if (it == copies_.end()) return NotFoundError("no copy " + std::to_string(id));
+    event = static_cast<cudaEvent_t>(it->second);
+    copies_.erase(it);
+  }
+  // Synchronized outside the lock: other threads submit and wait meanwhile.
+  cudaError_t state = cudaEventSynchronize(event);
+  cudaEventDestroy(event);
+  if (state != cudaSuccess) return CudaError(state, "copy " + std::to_string(id));
+  return Status();
+}
+
+Result<void*> CudaDevice::AllocateHost(uint64_t size) {
+  MutexLock lock(mu_);
+  LARDER_RETURN_IF_ERROR(CheckBound("host alloc"));
+  if (size == 0) return InvalidArgumentError("host alloc of 0 bytes");
+  const uint64_t rounded = (size + kGranularity - 1) / kGranularity * kGranularity;
+  void* raw = nullptr;
+  LARDER_CUDA(cudaHostAlloc(&raw, rounded + kGranularity, cudaHostAllocDefault),
+              "cudaHostAlloc of " + std::to_string(rounded) + " bytes");
+  const auto start = reinterpret_cast<uint64_t>(raw);
+  const uint64_t aligned = (start + kGranularity - 1) / kGranularity * kGranularity;
+  host_allocations_[aligned] = Allocation{raw, rounded};
+  return reinterpret_cast<void*>(aligned);
+}
+
+Status CudaDevice::FreeHost(void* ptr) {
+  MutexLock lock(mu_);
+  LARDER_RETURN_IF_ERROR(CheckBound("host free"));
+  auto it = host_allocations_.find(reinterpret_cast<uint64_t>(ptr));
+  if (it == host_allocations_.end()) {
+    return InvalidArgumentError("host free of unknown pinned pointer");
+  }
+  LARDER_CUDA(cudaFreeHost(it->second.raw), "cudaFreeHost");
+  host_allocations_.erase(it);
+  return Status();
 }
 
 Result<std::string> CudaDevice::ExportAllocation(void* ptr) {

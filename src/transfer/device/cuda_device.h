@@ -12,7 +12,8 @@
 //    (cudaHostRegister) when registered, and unpinned host memory is still copied (staged by the
 //    driver), which is the RFC's local bypass;
 //  - copies are cudaMemcpyAsync on the copy stream, each followed by an event that QueryCopy
-//    polls;
+//    polls and WaitCopy synchronizes on;
+//  - pinned host memory for staging is cudaHostAlloc'd, with room to start at a 2 MiB boundary;
 //  - device memory of another process: a handle carries the host id, the exporting pid, the PCI
 //    bus id of the exporter's device (device ordinals differ between processes), the
 //    cudaIpcMemHandle_t, and the offset and size of the aligned allocation inside it. An import
@@ -56,6 +57,9 @@ class CudaDevice final : public DeviceBackend {
   Status Deregister(uint64_t begin) override;
   Result<uint64_t> SubmitCopy(void* dst, const void* src, uint64_t length) override;
   Result<bool> QueryCopy(uint64_t id) override;
+  Status WaitCopy(uint64_t id) override;
+  Result<void*> AllocateHost(uint64_t size) override;
+  Status FreeHost(void* ptr) override;
   Result<std::string> ExportAllocation(void* ptr) override;
   Result<ImportedAllocation> ImportAllocation(std::string_view handle) override;
   Status CloseImport(void* base) override;
@@ -85,6 +89,8 @@ class CudaDevice final : public DeviceBackend {
   std::string init_bus_id_ LARDER_GUARDED_BY(mu_);
   void* stream_ LARDER_GUARDED_BY(mu_) = nullptr;                      // cudaStream_t
   std::map<uint64_t, Allocation> allocations_ LARDER_GUARDED_BY(mu_);  // by aligned start
+  // cudaHostAlloc'd memory, by aligned start.
+  std::map<uint64_t, Allocation> host_allocations_ LARDER_GUARDED_BY(mu_);
   std::map<uint64_t, Registration> registrations_ LARDER_GUARDED_BY(mu_);
   std::map<uint64_t, Import> imports_ LARDER_GUARDED_BY(mu_);  // by the start given out
   std::map<uint64_t, void*> copies_ LARDER_GUARDED_BY(mu_);    // id -> cudaEvent_t

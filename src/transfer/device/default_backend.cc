@@ -1,6 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // Which device backend the registry's "device" transport runs over (LARDER_DEVICE_BACKEND).
+#include <thread>
+
 #include "common/env.h"
 #include "common/logging.h"
 #include "transfer/device/device_transport.h"
@@ -26,6 +28,8 @@ class UnavailableDevice final : public DeviceBackend {
   Status Deregister(uint64_t) override { return Refused(); }
   Result<uint64_t> SubmitCopy(void*, const void*, uint64_t) override { return Refused(); }
   Result<bool> QueryCopy(uint64_t) override { return Refused(); }
+  Result<void*> AllocateHost(uint64_t) override { return Refused(); }
+  Status FreeHost(void*) override { return Refused(); }
   Result<std::string> ExportAllocation(void*) override { return Refused(); }
   Result<ImportedAllocation> ImportAllocation(std::string_view) override { return Refused(); }
   Status CloseImport(void*) override { return Refused(); }
@@ -52,6 +56,14 @@ std::shared_ptr<DeviceBackend> Emulated() {
 }
 
 }  // namespace
+
+Status DeviceBackend::WaitCopy(uint64_t id) {
+  for (;;) {
+    LARDER_ASSIGN_OR_RETURN(bool finished, QueryCopy(id));
+    if (finished) return Status();
+    std::this_thread::yield();
+  }
+}
 
 std::shared_ptr<DeviceBackend> DefaultDeviceBackend() {
   std::shared_ptr<DeviceBackend> cuda = CreateCudaBackend();

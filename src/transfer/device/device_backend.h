@@ -75,6 +75,17 @@ class DeviceBackend {
   virtual Result<uint64_t> SubmitCopy(void* dst, const void* src, uint64_t length) = 0;
   // True when the copy finished; its error when it failed. NotFound for unknown ids.
   virtual Result<bool> QueryCopy(uint64_t id) = 0;
+  // Blocks until the copy finished (cudaEventSynchronize); its error when it failed. NotFound
+  // for unknown ids. The default polls QueryCopy, yielding between polls.
+  virtual Status WaitCopy(uint64_t id);
+
+  // ---- pinned host memory, for staging device memory through the CPU's routes ----
+
+  // Host memory the device copies to and from at full speed (cudaHostAlloc), aligned to the
+  // registration granularity. Like Allocate, it needs the initialized device.
+  virtual Result<void*> AllocateHost(uint64_t size) = 0;
+  // Frees what AllocateHost returned. InvalidArgument for any other pointer.
+  virtual Status FreeHost(void* ptr) = 0;
 
   // ---- device memory shared between processes of one host ----
 

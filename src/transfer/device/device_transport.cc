@@ -3,10 +3,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <set>
 
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/copy_executor.h"
+#include "transfer/device/device_scope.h"
+#include "transfer/device/device_staging.h"
 #include "transfer/registration_coverage.h"
 #include "transfer/segment_exports.h"
 #include "transfer/transport_registry.h"
@@ -14,34 +17,21 @@
 namespace larder::transfer {
 namespace {
 
-// Makes `device` current on this thread for one scope, restoring the thread's own device after.
-class DeviceScope {
- public:
-  DeviceScope(DeviceBackend& backend, int device) : backend_(backend) {
-    auto current = backend.CurrentDevice();
-    previous_ = current.ok() ? *current : -1;
-    if (previous_ != device) {
-      status_ = backend.SetCurrentDevice(device);
-      switched_ = status_.ok();
-    }
-  }
-  // Restores the thread's own device (-1: none, as before the scope).
-  ~DeviceScope() {
-    if (switched_) backend_.SetCurrentDevice(previous_).IgnoreError();
-  }
-  const Status& status() const { return status_; }
-
- private:
-  DeviceBackend& backend_;
-  int previous_ = -1;
-  bool switched_ = false;
-  Status status_;
-};
-
 class DeviceTransport final : public Transport {
  public:
-  explicit DeviceTransport(std::shared_ptr<DeviceBackend> backend)
-      : backend_(std::move(backend)), coverage_(backend_->registration_granularity()) {}
+  DeviceTransport(std::shared_ptr<DeviceBackend> backend, DeviceStagingOptions staging_options)
+      : backend_(std::move(backend)),
+        coverage_(std::make_shared<RegistrationCoverage>(backend_->registration_granularity())),
+        staging_(
+            backend_, [this] { return EnsureInit(); },
+            [this](void* ptr, uint64_t length) {
+              if (backend_->reads_unregistered_host_memory()) return Status();
+              return coverage_->Register(reinterpret_cast<uint64_t>(ptr), length, Native());
+            },
+            staging_options) {}
+
+  // Device memory reached by the CPU's routes goes through pinned host memory from here.
+  DeviceStaging* device_staging() override { return &staging_; }
 
   std::string_view name() const override { return "device"; }
   TransportCaps caps() const override {
@@ -64,7 +54,7 @@ class DeviceTransport final : public Transport {
     uint64_t g = backend_->registration_granularity();
     uint64_t rounded = AlignUp(size, g);
     // Segment memory is registered once, here: peers' copies into it then always find coverage.
-    Status registered = coverage_.Register(reinterpret_cast<uint64_t>(ptr), rounded, Native());
+    Status registered = coverage_->Register(reinterpret_cast<uint64_t>(ptr), rounded, Native());
     if (!registered.ok()) {
       if (Status freed = backend_->Free(ptr); !freed.ok()) {
         Log().warn("device memory at {} of device {} not freed after a failed registration: {}",
@@ -73,31 +63,45 @@ class DeviceTransport final : public Transport {
       return registered;
     }
     std::shared_ptr<DeviceBackend> backend = backend_;
-    return std::make_shared<MemoryRegion>(ptr, rounded, MemoryKind::kDevice,
-                                          [backend, device, ptr] {
-                                            DeviceScope release_scope(*backend, device);
-                                            if (Status freed = backend->Free(ptr); !freed.ok()) {
-                                              Log().warn(
-                                                  "device memory at {} of device {} not "
-                                                  "freed: {}",
-                                                  ptr, device, freed.ToString());
-                                            }
-                                          });
+    // Freed memory is no registration of ours any more: a later allocation at the same address
+    // registers again (its granules stay natively covered).
+    return std::make_shared<MemoryRegion>(
+        ptr, rounded, MemoryKind::kDevice, [backend, coverage = coverage_, device, ptr] {
+          coverage->Deregister(reinterpret_cast<uint64_t>(ptr)).IgnoreError();
+          DeviceScope release_scope(*backend, device);
+          if (Status freed = backend->Free(ptr); !freed.ok()) {
+            Log().warn(
+                "device memory at {} of device {} not "
+                "freed: {}",
+                ptr, device, freed.ToString());
+          }
+        });
   }
 
   Status RegisterLocalMemory(void* ptr, size_t size) override {
     auto address = reinterpret_cast<uint64_t>(ptr);
     if (backend_->IsDeviceMemory(ptr, size) || !backend_->reads_unregistered_host_memory()) {
+      // Memory this transport allocated is registered already, for as long as it lives.
+      if (coverage_->IsLogicallyRegistered(address, size)) {
+        MutexLock lock(mu_);
+        inside_allocations_.insert(address);
+        return Status();
+      }
       LARDER_ASSIGN_OR_RETURN(int device, EnsureInit());
       DeviceScope scope(*backend_, device);
       LARDER_RETURN_IF_ERROR(scope.status());
-      return coverage_.Register(address, size, Native());
+      return coverage_->Register(address, size, Native());
     }
     return Status();  // host memory the native copy engine reads directly: the local bypass
   }
 
   Status UnregisterLocalMemory(void* ptr) override {
-    Status s = coverage_.Deregister(reinterpret_cast<uint64_t>(ptr));
+    const auto address = reinterpret_cast<uint64_t>(ptr);
+    {
+      MutexLock lock(mu_);
+      if (inside_allocations_.erase(address) > 0) return Status();
+    }
+    Status s = coverage_->Deregister(address);
     return s.code() == StatusCode::kNotFound ? Status() : s;  // bypassed buffers were never tracked
   }
 
@@ -128,6 +132,13 @@ class DeviceTransport final : public Transport {
     stats->device_import_calls += totals_->calls.load();
     stats->device_import_failures += totals_->failures.load();
     stats->device_import_ns += totals_->ns.load();
+    const DeviceStagingStats staged = staging_.stats();
+    stats->staging_buffers += staged.pinned_buffers;
+    stats->staging_buffers_in_use += staged.buffers_in_use;
+    stats->staging_waits += staged.waits;
+    stats->staged_to_host_bytes += staged.bytes_to_host;
+    stats->staged_to_device_bytes += staged.bytes_to_device;
+    stats->staging_copy_failures += staged.copy_failures;
   }
 
   // Device memory of this engine, or of another engine of this host that exported a handle.
@@ -308,26 +319,29 @@ class DeviceTransport final : public Transport {
     for (auto [offset, piece] : SplitAtBoundaries(reinterpret_cast<uint64_t>(src),
                                                   reinterpret_cast<uint64_t>(dst), length, g)) {
       LARDER_ASSIGN_OR_RETURN(uint64_t id, backend_->SubmitCopy(dst + offset, src + offset, piece));
-      for (;;) {
-        LARDER_ASSIGN_OR_RETURN(bool finished, backend_->QueryCopy(id));
-        if (finished) break;
-      }
+      LARDER_RETURN_IF_ERROR(backend_->WaitCopy(id));
     }
     return Status();
   }
 
   std::shared_ptr<DeviceBackend> backend_;
   std::shared_ptr<ImportTotals> totals_ = std::make_shared<ImportTotals>();
-  RegistrationCoverage coverage_;
+  // Shared with the regions it allocated, which deregister themselves when freed.
+  std::shared_ptr<RegistrationCoverage> coverage_;
   EngineContext context_;
   Mutex mu_;
   int device_ LARDER_GUARDED_BY(mu_) = -1;
+  // Local memory registered inside this transport's own allocations (nothing was done for it).
+  std::set<uint64_t> inside_allocations_ LARDER_GUARDED_BY(mu_);
+  // Last: its buffers go back to the backend while the rest is still here.
+  DeviceStaging staging_;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend) {
-  return std::make_unique<DeviceTransport>(std::move(backend));
+std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend,
+                                                 DeviceStagingOptions staging) {
+  return std::make_unique<DeviceTransport>(std::move(backend), staging);
 }
 
 // Device memory of this engine: as close as a route gets after local. Never in "auto": device

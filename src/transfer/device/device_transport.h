@@ -19,17 +19,22 @@
 //    it by importing the handle on its own device (peer access, staleness and bounds are the
 //    backend's rules), keeps the mapping while the segment is open and copies into it with the
 //    same coverage and splitting rules.
+//  - device memory across hosts: the transport's staging (device_staging.h) gives the engine's
+//    CPU routes pinned host buffers, so that tcp serves this engine's device segments to other
+//    hosts and the engine moves its own device buffers over any CPU route.
 #pragma once
 
 #include <memory>
 
 #include "transfer/device/device_backend.h"
+#include "transfer/device/device_staging.h"
 #include "transfer/transport.h"
 
 namespace larder::transfer {
 
-// A device transport over `backend`.
-std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend);
+// A device transport over `backend`, staging through pools of `staging` size.
+std::unique_ptr<Transport> CreateDeviceTransport(std::shared_ptr<DeviceBackend> backend,
+                                                 DeviceStagingOptions staging = {});
 
 // The backend of the registry's "device" transport, chosen by LARDER_DEVICE_BACKEND: "cuda" (the
 // default in builds with -DLARDER_WITH_CUDA=ON) or "emulated" (the default otherwise; its peer

@@ -386,20 +386,27 @@ Status EmulatedDevice::CheckCopySide(const char* side, uint64_t p, uint64_t leng
 }
 
 Result<uint64_t> EmulatedDevice::SubmitCopy(void* dst, const void* src, uint64_t length) {
-  MutexLock lock(mu_);
-  LARDER_RETURN_IF_ERROR(CheckBound("copy submit"));
-  uint64_t call = copy_calls_.fetch_add(1) + 1;
-  if (length == 0) return InvalidArgumentError("copy of 0 bytes");
-  LARDER_RETURN_IF_ERROR(CheckCopySide("source", reinterpret_cast<uint64_t>(src), length));
-  LARDER_RETURN_IF_ERROR(CheckCopySide("destination", reinterpret_cast<uint64_t>(dst), length));
-  uint64_t id = next_copy_id_++;
-  if (copy_fault_at_ != 0 && call == copy_fault_at_) {
-    copy_fault_at_ = 0;
-    copies_[id] =
-        UnavailableError("injected native copy failure (call " + std::to_string(call) + ")");
-    return id;
+  uint64_t id;
+  {
+    MutexLock lock(mu_);
+    LARDER_RETURN_IF_ERROR(CheckBound("copy submit"));
+    uint64_t call = copy_calls_.fetch_add(1) + 1;
+    if (length == 0) return InvalidArgumentError("copy of 0 bytes");
+    LARDER_RETURN_IF_ERROR(CheckCopySide("source", reinterpret_cast<uint64_t>(src), length));
+    LARDER_RETURN_IF_ERROR(CheckCopySide("destination", reinterpret_cast<uint64_t>(dst), length));
+    id = next_copy_id_++;
+    if (copy_fault_at_ != 0 && call == copy_fault_at_) {
+      copy_fault_at_ = 0;
+      copies_[id] =
+          UnavailableError("injected native copy failure (call " + std::to_string(call) + ")");
+      return id;
+    }
   }
+  // Outside the lock, as a device's copy engines run beside each other; the memory stays valid
+  // while its owner waits for the copy (freeing memory under a running copy is the caller's bug,
+  // as on hardware).
   std::memcpy(dst, src, length);
+  MutexLock lock(mu_);
   copies_[id] = Status();
   return id;
 }
@@ -413,6 +420,48 @@ Result<bool> EmulatedDevice::QueryCopy(uint64_t id) {
   copies_.erase(it);
   if (!outcome.ok()) return outcome;
   return true;
+}
+
+// Copies finish inside SubmitCopy: waiting is querying once.
+Status EmulatedDevice::WaitCopy(uint64_t id) { return QueryCopy(id).status(); }
+
+Result<void*> EmulatedDevice::AllocateHost(uint64_t size) {
+  MutexLock lock(mu_);
+  LARDER_RETURN_IF_ERROR(CheckBound("host alloc"));
+  if (size == 0) return InvalidArgumentError("host alloc of 0 bytes");
+  const uint64_t g = options_.granularity;
+  const uint64_t rounded = (size + g - 1) / g * g;
+  const uint64_t span = rounded + g;
+  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return ResourceExhaustedError("pinned host memory exhausted");
+  const auto start = reinterpret_cast<uint64_t>(raw);
+  const uint64_t aligned = (start + g - 1) / g * g;
+  if (aligned > start) munmap(raw, aligned - start);
+  if (start + span > aligned + rounded) {
+    munmap(reinterpret_cast<void*>(aligned + rounded), start + span - (aligned + rounded));
+  }
+  // Pinned memory is resident: fault it in now, as pinning does.
+  std::memset(reinterpret_cast<void*>(aligned), 0, rounded);
+  host_allocations_[aligned] = rounded;
+  return reinterpret_cast<void*>(aligned);
+}
+
+Status EmulatedDevice::FreeHost(void* ptr) {
+  MutexLock lock(mu_);
+  LARDER_RETURN_IF_ERROR(CheckBound("host free"));
+  auto it = host_allocations_.find(reinterpret_cast<uint64_t>(ptr));
+  if (it == host_allocations_.end()) {
+    return InvalidArgumentError("host free of " + FormatHex(reinterpret_cast<uint64_t>(ptr)) +
+                                ", which is no pinned allocation of this device");
+  }
+  munmap(ptr, it->second);
+  host_allocations_.erase(it);
+  return Status();
+}
+
+size_t EmulatedDevice::live_host_allocations() const {
+  MutexLock lock(mu_);
+  return host_allocations_.size();
 }
 
 Result<std::string> EmulatedDevice::ExportAllocation(void* ptr) {

@@ -12,6 +12,8 @@
 //  - a copy whose source or destination leaves one registration fails (InvalidArgument), except
 //    unregistered host memory when reads_unregistered_host_memory (the local bypass) is on;
 //  - fault injection: fail the Nth registration or the Nth copy (1-based), once;
+//  - pinned host memory (AllocateHost) is anonymous memory, populated up front as pinning does,
+//    counted so that tests see staging buffers come back;
 //  - device memory shared between processes: each allocation is a memfd, its handle names the
 //    exporting process, the memfd and a random tag; an import opens it through /proc/<pid>/fd,
 //    so a handle works on its own host only (its host id must be this one's too), in another
@@ -69,6 +71,9 @@ class EmulatedDevice final : public DeviceBackend {
   Status Deregister(uint64_t begin) override;
   Result<uint64_t> SubmitCopy(void* dst, const void* src, uint64_t length) override;
   Result<bool> QueryCopy(uint64_t id) override;
+  Status WaitCopy(uint64_t id) override;
+  Result<void*> AllocateHost(uint64_t size) override;
+  Status FreeHost(void* ptr) override;
   Result<std::string> ExportAllocation(void* ptr) override;
   Result<ImportedAllocation> ImportAllocation(std::string_view handle) override;
   Status CloseImport(void* base) override;
@@ -81,6 +86,7 @@ class EmulatedDevice final : public DeviceBackend {
   uint64_t register_calls() const { return register_calls_.load(); }
   uint64_t copy_calls() const { return copy_calls_.load(); }
   size_t live_allocations() const;
+  size_t live_host_allocations() const;
   size_t live_imports() const;
   uint64_t import_calls() const { return import_calls_.load(); }
   // Time spent in successful imports (opening and mapping), in nanoseconds.
@@ -115,10 +121,11 @@ class EmulatedDevice final : public DeviceBackend {
   const std::string host_id_;
   mutable Mutex mu_;
   int init_device_ LARDER_GUARDED_BY(mu_) = -1;
-  std::map<uint64_t, Allocation> allocations_ LARDER_GUARDED_BY(mu_);   // by begin
-  std::map<uint64_t, Import> imports_ LARDER_GUARDED_BY(mu_);           // by base
-  std::map<uint64_t, uint64_t> registrations_ LARDER_GUARDED_BY(mu_);   // begin -> length
-  std::unordered_map<uint64_t, Status> copies_ LARDER_GUARDED_BY(mu_);  // id -> outcome
+  std::map<uint64_t, Allocation> allocations_ LARDER_GUARDED_BY(mu_);     // by begin
+  std::map<uint64_t, Import> imports_ LARDER_GUARDED_BY(mu_);             // by base
+  std::map<uint64_t, uint64_t> host_allocations_ LARDER_GUARDED_BY(mu_);  // begin -> length
+  std::map<uint64_t, uint64_t> registrations_ LARDER_GUARDED_BY(mu_);     // begin -> length
+  std::unordered_map<uint64_t, Status> copies_ LARDER_GUARDED_BY(mu_);    // id -> outcome
   uint64_t next_copy_id_ LARDER_GUARDED_BY(mu_) = 1;
   uint64_t registration_fault_at_ LARDER_GUARDED_BY(mu_) = 0;  // absolute call number
   uint64_t copy_fault_at_ LARDER_GUARDED_BY(mu_) = 0;

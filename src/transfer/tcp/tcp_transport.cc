@@ -4,8 +4,10 @@
 #include <map>
 #include <vector>
 
+#include "common/logging.h"
 #include "common/memory.h"
 #include "common/mutex.h"
+#include "transfer/device/device_staging.h"
 #include "transfer/segment_exports.h"
 #include "transfer/tcp/tcp_client.h"
 #include "transfer/transport_registry.h"
@@ -33,12 +35,118 @@ Result<HostPort> EndpointOf(const SegmentDescriptor& d) {
   return ParseHostPort(*blob);
 }
 
-bool ServeRead(const SegmentExports& exports, FrameConnection& conn, const FrameHeader& h) {
+// Reads `length` bytes arriving on `stream` into nothing, so that the connection stays usable.
+bool SkipPayload(wire::TcpStream& stream, uint64_t length) {
+  std::vector<uint8_t> sink(std::min<uint64_t>(length, 1 << 20));
+  for (uint64_t left = length; left > 0;) {
+    uint64_t n = std::min<uint64_t>(left, sink.size());
+    if (!stream.RecvAll(sink.data(), n, FrameDeadline()).ok()) return false;
+    left -= n;
+  }
+  return true;
+}
+
+// A read of a device segment: each chunk is copied device -> pinned host, then sent. The first
+// copy runs before the reply's header, so a failed copy of a read of one chunk (every read this
+// engine's own clients send) is a clean error; a later one closes the connection, which the
+// reader sees as the read failing.
+bool ServeDeviceRead(const SegmentExports& exports, DeviceStaging& staging, FrameConnection& conn,
+                     const FrameHeader& h) {
+  bool keep = true;
+  Status access = exports.AccessDevice(h.segment_id, h.offset, h.length, [&](uint8_t* device) {
+    Result<DeviceStaging::Buffer> buffer =
+        staging.Acquire(DeviceStaging::Pool::kServe, FrameDeadline());
+    if (!buffer.ok()) {
+      keep = conn.SendError(h.request_id, buffer.status()).ok();
+      return;
+    }
+    const uint64_t chunk = staging.chunk_bytes();
+    uint64_t n = std::min(chunk, h.length);
+    if (Status copied = staging.ToHost(buffer->data(), device, n); !copied.ok()) {
+      keep = conn.SendError(h.request_id, copied).ok();
+      return;
+    }
+    FrameHeader reply;
+    reply.type = FrameType::kReadReply;
+    reply.request_id = h.request_id;
+    reply.length = h.length;
+    uint8_t out[wire::kFrameHeaderSize];
+    EncodeHeader(reply, out);
+    iovec iov[2] = {{out, sizeof(out)}, {buffer->data(), n}};
+    if (!conn.stream().SendAllV(iov, 2, FrameDeadline()).ok()) {
+      keep = false;
+      return;
+    }
+    for (uint64_t offset = n; offset < h.length; offset += n) {
+      n = std::min(chunk, h.length - offset);
+      Status copied = staging.ToHost(buffer->data(), device + offset, n);
+      if (!copied.ok()) {
+        Log().warn("read of device segment {} failed mid-reply ({}); closing the connection",
+                   h.segment_id, copied.ToString());
+        keep = false;
+        return;
+      }
+      if (!conn.stream().SendAll(buffer->data(), n, FrameDeadline()).ok()) {
+        keep = false;
+        return;
+      }
+    }
+  });
+  if (!access.ok()) return conn.SendError(h.request_id, access).ok();
+  return keep;
+}
+
+// A write into a device segment: each chunk is received into pinned host memory, then copied
+// host -> device. A failed copy or an exhausted pool still takes the whole payload, then answers
+// with the error.
+bool ServeDeviceWrite(const SegmentExports& exports, DeviceStaging& staging, FrameConnection& conn,
+                      const FrameHeader& h) {
+  wire::TcpStream& stream = conn.stream();
+  bool received = true;
+  Status outcome;
+  Status access = exports.AccessDevice(h.segment_id, h.offset, h.length, [&](uint8_t* device) {
+    Result<DeviceStaging::Buffer> buffer =
+        staging.Acquire(DeviceStaging::Pool::kServe, FrameDeadline());
+    if (!buffer.ok()) {
+      outcome = buffer.status();
+      received = SkipPayload(stream, h.length);
+      return;
+    }
+    const uint64_t chunk = staging.chunk_bytes();
+    for (uint64_t offset = 0; offset < h.length;) {
+      const uint64_t n = std::min(chunk, h.length - offset);
+      if (!stream.RecvAll(buffer->data(), n, FrameDeadline()).ok()) {
+        received = false;
+        return;
+      }
+      if (outcome.ok()) outcome = staging.ToDevice(device + offset, buffer->data(), n);
+      offset += n;
+    }
+  });
+  if (!access.ok()) {
+    if (!SkipPayload(stream, h.length)) return false;
+    return conn.SendError(h.request_id, access).ok();
+  }
+  if (!received) return false;
+  if (!outcome.ok()) return conn.SendError(h.request_id, outcome).ok();
+  FrameHeader reply;
+  reply.type = FrameType::kWriteReply;
+  reply.request_id = h.request_id;
+  uint8_t out[wire::kFrameHeaderSize];
+  EncodeHeader(reply, out);
+  return stream.SendAll(out, sizeof(out), FrameDeadline()).ok();
+}
+
+bool ServeRead(const SegmentExports& exports, DeviceStaging* staging, FrameConnection& conn,
+               const FrameHeader& h) {
   if (h.length > wire::kMaxFramePayload) {
     return conn
         .SendError(h.request_id, InvalidArgumentError("read of " + std::to_string(h.length) +
                                                       " bytes exceeds the frame limit"))
         .ok();
+  }
+  if (staging != nullptr && exports.IsDevice(h.segment_id)) {
+    return ServeDeviceRead(exports, *staging, conn, h);
   }
   Status send_status;
   Status access = exports.Access(h.segment_id, h.offset, h.length, [&](uint8_t* src) {
@@ -55,7 +163,8 @@ bool ServeRead(const SegmentExports& exports, FrameConnection& conn, const Frame
   return send_status.ok();
 }
 
-bool ServeWrite(const SegmentExports& exports, FrameConnection& conn, const FrameHeader& h) {
+bool ServeWrite(const SegmentExports& exports, DeviceStaging* staging, FrameConnection& conn,
+                const FrameHeader& h) {
   wire::TcpStream& stream = conn.stream();
   if (h.length > wire::kMaxFramePayload) {
     conn.SendError(h.request_id, InvalidArgumentError("write of " + std::to_string(h.length) +
@@ -63,18 +172,16 @@ bool ServeWrite(const SegmentExports& exports, FrameConnection& conn, const Fram
         .IgnoreError();
     return false;  // cannot skip a payload that large safely
   }
+  if (staging != nullptr && exports.IsDevice(h.segment_id)) {
+    return ServeDeviceWrite(exports, *staging, conn, h);
+  }
   Status recv_status;
   Status access = exports.Access(h.segment_id, h.offset, h.length, [&](uint8_t* dst) {
     recv_status = stream.RecvAll(dst, h.length, FrameDeadline());
   });
   if (!access.ok()) {
     // Skip the payload so the connection stays usable, then report.
-    std::vector<uint8_t> sink(std::min<uint64_t>(h.length, 1 << 20));
-    for (uint64_t left = h.length; left > 0;) {
-      uint64_t n = std::min<uint64_t>(left, sink.size());
-      if (!stream.RecvAll(sink.data(), n, FrameDeadline()).ok()) return false;
-      left -= n;
-    }
+    if (!SkipPayload(stream, h.length)) return false;
     return conn.SendError(h.request_id, access).ok();
   }
   if (!recv_status.ok()) return false;
@@ -115,12 +222,15 @@ class TcpTransport final : public Transport {
     context_ = context;
     LARDER_ASSIGN_OR_RETURN(client_config_, tcp::TcpClientConfig::FromContext(context));
     const SegmentExports* exports = context.exports;
-    context.frame_server->Handle(
-        FrameType::kRead,
-        [exports](FrameConnection& c, const FrameHeader& h) { return ServeRead(*exports, c, h); });
-    context.frame_server->Handle(
-        FrameType::kWrite,
-        [exports](FrameConnection& c, const FrameHeader& h) { return ServeWrite(*exports, c, h); });
+    DeviceStaging* staging = context.device_staging;
+    context.frame_server->Handle(FrameType::kRead,
+                                 [exports, staging](FrameConnection& c, const FrameHeader& h) {
+                                   return ServeRead(*exports, staging, c, h);
+                                 });
+    context.frame_server->Handle(FrameType::kWrite,
+                                 [exports, staging](FrameConnection& c, const FrameHeader& h) {
+                                   return ServeWrite(*exports, staging, c, h);
+                                 });
     return Status();
   }
 
@@ -140,22 +250,21 @@ class TcpTransport final : public Transport {
     return AllocateAnonymous(size, huge_pages);
   }
 
-  // The data server copies with the CPU, so device memory is out of its reach.
+  // The data server copies with the CPU: device memory is served through the engine's staging
+  // (its device transport's pinned host buffers), and not at all by an engine without one.
   Result<std::string> Export(const SegmentDescriptor& descriptor, uint8_t* base) override {
     (void)base;
-    if (descriptor.memory_kind == MemoryKind::kDevice) return std::string();
+    if (descriptor.memory_kind == MemoryKind::kDevice && context_.device_staging == nullptr) {
+      return std::string();
+    }
     return context_.engine_address;
   }
 
-  bool CanReach(const SegmentDescriptor& d) const override {
-    return d.memory_kind != MemoryKind::kDevice && EndpointOf(d).ok();
-  }
+  // Whatever the segment's memory: its owner stages device memory (a device segment carries a
+  // tcp endpoint only when its owner can).
+  bool CanReach(const SegmentDescriptor& d) const override { return EndpointOf(d).ok(); }
 
   Result<std::shared_ptr<RemoteSegment>> Open(const SegmentDescriptor& descriptor) override {
-    if (descriptor.memory_kind == MemoryKind::kDevice) {
-      return FailedPreconditionError("segment '" + descriptor.name +
-                                     "' is device memory, which tcp cannot reach");
-    }
     LARDER_ASSIGN_OR_RETURN(HostPort address, EndpointOf(descriptor));
     // One pool per endpoint and owner: its connections reach only a server that proves to be
     // the engine the descriptor names.
