@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "larder/transfer_engine.h"
 #include "larder/version.h"
+#include "transfer/device/device_transport.h"
 #include "value_buffer.h"
 
 namespace larder::python {
@@ -78,6 +79,15 @@ void BindHelpers(py::module_& module) {
       py::arg("configured") = "", py::arg("role") = "standalone",
       "The protocol an engine of ``role`` uses given ``configured`` (wins when non-empty) and "
       "the environment (LARDER_STORE_PROTOCOL, LARDER_PROTOCOL).");
+  module.def(
+      "set_current_device",
+      [](int device) { ThrowIfError(transfer::DefaultDeviceBackend()->SetCurrentDevice(device)); },
+      py::arg("device"),
+      "Makes ``device`` the calling thread's current device in the build's device backend "
+      "(cudaSetDevice, as torch.cuda.set_device does; the emulated backend's own notion where "
+      "there is no CUDA). The device transport of an engine (a protocol naming 'device') "
+      "initializes on the current device of the thread that first allocates or registers device "
+      "memory. Raises FailedPreconditionError where the backend is unavailable.");
 }
 
 }  // namespace larder::python

@@ -70,6 +70,7 @@ from ._larder import (  # noqa: F401,E402  (re-exported)
     parse_protocol,
     parse_size,
     resolve_protocol,
+    set_current_device,
 )
 
 __all__ = [
@@ -107,6 +108,7 @@ __all__ = [
     "parse_protocol",
     "parse_size",
     "resolve_protocol",
+    "set_current_device",
 ]
 
 _ERRORS_BY_CODE = {

@@ -24,6 +24,19 @@ KB = 1 << 10
 QUEUE_TIMEOUT = 300
 
 
+def _device_host(role: str) -> None:
+    """Device mode: this worker's engine gets Larder's device transport (LARDER_PROTOCOL wins
+    over the Mooncake protocol) and a host id of its own, so its peer is another host, reached
+    over tcp through staging; its thread is bound to device 0, as a framework binds its GPU."""
+    import os
+
+    import larder
+
+    os.environ["LARDER_PROTOCOL"] = "device,tcp"
+    os.environ["LARDER_HOST_ID"] = f"pd-{role}-host"
+    larder.set_current_device(0)
+
+
 def _engine(shim_dir, protocol):
     _, TransferEngine = _import_mooncake(shim_dir)
     engine = TransferEngine()
@@ -40,14 +53,23 @@ def _session(engine) -> str:
 
 
 class _Buffers:
-    """Host buffers of one side: numpy arrays (memory the application owns, which peers reach
-    over tcp) or managed buffers from allocate_managed_buffer (memfds: same-host peers map them),
-    the way SGLang's custom memory pools take memory from Mooncake's allocator."""
+    """Buffers of one side: numpy arrays (memory the application owns, which peers reach over
+    tcp), managed buffers from allocate_managed_buffer (memfds: same-host peers map them), the way
+    SGLang's custom memory pools take memory from Mooncake's allocator, or (``managed ==
+    "device"``) device memory, as a GPU KV pool is: the emulated device's, from the engine's own
+    device transport. The emulator's device memory is host memory, so the test may fill and check
+    it through views, as a framework would with its own copies."""
 
-    def __init__(self, engine, sizes, managed: bool) -> None:
-        self.ptrs, self.lens, self.views = [], [], []
+    def __init__(self, engine, sizes, managed) -> None:
+        self.ptrs, self.lens, self.views, self.regions = [], [], [], []
         for size in sizes:
-            if managed:
+            if managed == "device":
+                region = engine.larder_engine().allocate_segment_memory(size)
+                assert region.kind == "device", region.kind
+                self.regions.append(region)
+                ptr = region.address
+                view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
+            elif managed:
                 ptr = engine.allocate_managed_buffer(size)
                 assert ptr != 0, "allocate_managed_buffer failed"
                 view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
@@ -213,11 +235,18 @@ class _SGLangSender:
         return "Success"
 
 
+def _own_memory(managed):
+    """The prefill's KV: application memory, or device memory in device mode."""
+    return "device" if managed == "device" else False
+
+
 def sglang_prefill(shim_dir, protocol, managed, to_decode, from_decode, results):
     with _reporting("prefill", to_decode, results) as report:
+        if managed == "device":
+            _device_host("prefill")
         engine = _engine(shim_dir, protocol)
-        kv = _Buffers(engine, [SGL_PAGES * SGL_ITEM] * (2 * SGL_LAYERS), managed=False)
-        aux = _Buffers(engine, [SGL_AUX_ITEM * SGL_AUX_SLOTS], managed=False)
+        kv = _Buffers(engine, [SGL_PAGES * SGL_ITEM] * (2 * SGL_LAYERS), _own_memory(managed))
+        aux = _Buffers(engine, [SGL_AUX_ITEM * SGL_AUX_SLOTS], _own_memory(managed))
         # register_buffer_to_engine: one batch_register over the deduped KV and aux buffers.
         pairs = sorted(set(zip(kv.ptrs + aux.ptrs, kv.lens + aux.lens)))
         report["register"] = engine.batch_register_memory([p for p, _ in pairs],
@@ -266,6 +295,8 @@ def sglang_prefill(shim_dir, protocol, managed, to_decode, from_decode, results)
 
 def sglang_decode(shim_dir, protocol, managed, from_prefill, to_prefill, results):
     with _reporting("decode", to_prefill, results) as report:
+        if managed == "device":
+            _device_host("decode")
         engine = _engine(shim_dir, protocol)
         session = _session(engine)
         kv = _Buffers(engine, [SGL_PAGES * SGL_ITEM] * (2 * SGL_LAYERS), managed)
@@ -346,9 +377,12 @@ def _vllm_block_key(req, region, position):
 
 def vllm_prefill(shim_dir, protocol, managed, to_decode, from_decode, results):
     with _reporting("prefill", to_decode, results) as report:
+        if managed == "device":
+            _device_host("prefill")
         engine = _engine(shim_dir, protocol)
         # One K and one V cache per layer, vLLM's kv_caches_base_addr order.
-        caches = _Buffers(engine, [VLLM_BLOCKS * VLLM_BLOCK] * (2 * VLLM_LAYERS), managed=False)
+        caches = _Buffers(engine, [VLLM_BLOCKS * VLLM_BLOCK] * (2 * VLLM_LAYERS),
+                          _own_memory(managed))
         if engine.batch_register_memory(caches.ptrs, caches.lens) != 0:
             raise RuntimeError("Mooncake memory registration failed.")
         src_blocks, next_block = {}, 0
@@ -388,6 +422,8 @@ def vllm_prefill(shim_dir, protocol, managed, to_decode, from_decode, results):
 
 def vllm_decode(shim_dir, protocol, managed, from_prefill, to_prefill, results):
     with _reporting("decode", to_prefill, results) as report:
+        if managed == "device":
+            _device_host("decode")
         engine = _engine(shim_dir, protocol)
         rpc_port = engine.get_rpc_port()
         caches = _Buffers(engine, [VLLM_BLOCKS * VLLM_BLOCK] * (2 * VLLM_LAYERS), managed)

@@ -2,9 +2,11 @@
 """Prefill/decode disaggregation as SGLang's and vLLM's Mooncake connectors drive
 ``mooncake.engine.TransferEngine``, replayed between two real processes (pd_workers.py).
 
-Each test runs twice: over tcp (application memory, protocol "tcp") and over shm (protocol
+Each test runs three times: over tcp (application memory, protocol "tcp"), over shm (protocol
 "rdma", which Larder runs as "auto", with the decode side's KV memory from
-allocate_managed_buffer; memory the application owns is always reached over tcp).
+allocate_managed_buffer; memory the application owns is always reached over tcp), and with the
+KV in device memory on both ends (the emulated device; LARDER_PROTOCOL=device,tcp and a host id
+per worker, so the bytes cross "hosts" over tcp through pinned staging: route "tcp-staged").
 """
 
 import pytest
@@ -15,6 +17,7 @@ from conftest import SHIM_DIR, run_prefill_decode
 MODES = [
     pytest.param("tcp", False, "tcp", id="tcp"),
     pytest.param("rdma", True, "shm", id="shm"),
+    pytest.param("tcp", "device", "tcp-staged", id="device"),
 ]
 
 

@@ -486,6 +486,18 @@ Result<SegmentId> Engine::RegisterSegment(std::string name, void* base, size_t s
   if (base == nullptr || size == 0) {
     return InvalidArgumentError("segment '" + name + "' needs a non-null base and size > 0");
   }
+  // The caller's device memory (a framework's tensor) is exported as device memory: the device
+  // route reaches it natively, the CPU's routes through staging. Its native registration covers
+  // the owner's staging copies.
+  if (staging_ != nullptr && staging_->IsDeviceMemory(base, size)) {
+    LARDER_RETURN_IF_ERROR(device_transport_->RegisterLocalMemory(base, size)
+                               .WithContext("registering device memory of segment '" + name + "'"));
+    Result<SegmentId> id =
+        Export(std::move(name), static_cast<uint8_t*>(base), size, MemoryKind::kDevice,
+               static_cast<size_t>(sysconf(_SC_PAGESIZE)), nullptr);
+    if (!id.ok()) device_transport_->UnregisterLocalMemory(base).IgnoreError();
+    return id;
+  }
   return Export(std::move(name), static_cast<uint8_t*>(base), size, MemoryKind::kAnonymous,
                 static_cast<size_t>(sysconf(_SC_PAGESIZE)), nullptr);
 }
@@ -524,8 +536,14 @@ Result<SegmentId> Engine::Export(std::string name, uint8_t* base, uint64_t size,
 }
 
 Status Engine::UnregisterSegment(SegmentId id) {
+  Result<ExportedSegment> exported = exports_.Get(id);
   LARDER_RETURN_IF_ERROR(exports_.Remove(id));
   for (auto& t : transports_) t->Unexport(id);
+  // The caller's device memory was registered with the device transport for the segment.
+  if (exported.ok() && exported->memory == nullptr &&
+      exported->descriptor.memory_kind == MemoryKind::kDevice && device_transport_ != nullptr) {
+    device_transport_->UnregisterLocalMemory(exported->base).IgnoreError();
+  }
   return Status();
 }
 

@@ -25,6 +25,8 @@
 
 #include "bench/process.h"
 #include "transfer/device/device_backend.h"
+#include "transfer/device/device_transport.h"
+#include "transfer/engine_internal.h"
 #include "transfer/testing/device_engine.h"
 #include "transfer/testing/test_util.h"
 
@@ -220,6 +222,93 @@ TEST_P(DeviceBackendConformanceTest, AHandleOfAnExporterThatExitedIsRefused) {
   Result<void*> memory = backend_->Allocate(2 * kMiB);
   ASSERT_TRUE(memory.ok()) << memory.status();
   EXPECT_TRUE(backend_->Free(*memory).ok());
+}
+
+// Pinned host memory (staging buffers) and copies that are waited for, not polled.
+TEST_P(DeviceBackendConformanceTest, PinnedHostMemoryAndWaitedCopies) {
+  ASSERT_TRUE(backend_->Init().ok());
+  Result<void*> pinned = backend_->AllocateHost(3 * kMiB);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  EXPECT_EQ(reinterpret_cast<uint64_t>(*pinned) % backend_->registration_granularity(), 0u);
+  EXPECT_FALSE(backend_->IsDeviceMemory(*pinned, 3 * kMiB));
+  Result<void*> device = backend_->Allocate(4 * kMiB);
+  ASSERT_TRUE(device.ok()) << device.status();
+  ASSERT_TRUE(backend_->Register(reinterpret_cast<uint64_t>(*device), 4 * kMiB).ok());
+  auto* host = static_cast<uint8_t*>(*pinned);
+  for (uint64_t i = 0; i < kMiB; ++i) host[i] = static_cast<uint8_t>(i * 13 + 1);
+  // Pinned -> device -> the pinned buffer's second MiB, each copy waited for.
+  Result<uint64_t> in = backend_->SubmitCopy(static_cast<uint8_t*>(*device) + 7, host, kMiB);
+  ASSERT_TRUE(in.ok()) << in.status();
+  ASSERT_TRUE(backend_->WaitCopy(*in).ok());
+  Result<uint64_t> out =
+      backend_->SubmitCopy(host + kMiB, static_cast<uint8_t*>(*device) + 7, kMiB);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(backend_->WaitCopy(*out).ok());
+  EXPECT_EQ(std::memcmp(host, host + kMiB, kMiB), 0);
+  EXPECT_EQ(backend_->WaitCopy(*out).code(), StatusCode::kNotFound) << "a copy waited twice";
+  std::vector<uint8_t> plain(4096);
+  EXPECT_EQ(backend_->FreeHost(plain.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->FreeHost(*device).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(backend_->FreeHost(*pinned).ok());
+  EXPECT_TRUE(backend_->Deregister(reinterpret_cast<uint64_t>(*device)).ok());
+  EXPECT_TRUE(backend_->Free(*device).ok());
+}
+
+// Device memory of another host: the owner serves its device segment over tcp through pinned
+// staging, and this side stages its own device buffers, over this backend on both ends.
+TEST_P(DeviceBackendConformanceTest, AnotherHostsDeviceSegmentOverTcpThroughStaging) {
+  const char* dir = std::getenv("LARDER_BIN_DIR");
+  auto peer = bench::ChildProcess::Spawn(
+      {std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve", "--protocol", "device,tcp",
+       "--device", std::to_string(GetParam().exporter_device), "--segment-size",
+       std::to_string(kPeerSegmentBytes)},
+      {{"LARDER_LOG_LEVEL", "error"},
+       {"LARDER_DEVICE_BACKEND", GetParam().name},
+       {"LARDER_HOST_ID", "conformance-other-host"}},
+      std::chrono::seconds(60));
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<std::unique_ptr<transfer::Transport>> transports;
+  transports.push_back(transfer::CreateDeviceTransport(backend_));
+  auto tcp = transfer::CreateTransports({RouteKind::kTcp});
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  transports.push_back(std::move(tcp->front()));
+  TransferEngineOptions options;
+  options.protocol = "device,tcp";
+  auto engine = transfer::CreateEngineWithTransports(options, std::move(transports));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Result<SegmentHandle> segment = (*engine)->OpenSegment(peer->address(), "e2e");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ((*engine)->SegmentRoute(*segment).value(), RouteKind("tcp-staged"));
+  // Host buffers here: only the owner stages.
+  constexpr uint64_t kOffset = 3 * kMiB / 2 + 77, kLength = 5 * kMiB + 3;
+  std::vector<uint8_t> in(kLength);
+  ASSERT_TRUE(TransferOne(**engine, TransferOp::kRead, in.data(), *segment, kOffset, kLength).ok());
+  for (uint64_t i = 0; i < kLength; ++i) {
+    ASSERT_EQ(in[i], PatternByte(kOffset + i)) << "byte " << i;
+  }
+  // Device buffers here too: out of one, into the owner, back into another.
+  auto buffers = (*engine)->AllocateSegmentMemory(2 * kLength);
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  ASSERT_EQ((*buffers)->kind(), MemoryKind::kDevice);
+  auto* device = static_cast<uint8_t*>((*buffers)->data());
+  std::vector<uint8_t> out(kLength), back(kLength);
+  for (uint64_t i = 0; i < kLength; ++i) out[i] = static_cast<uint8_t>(i * 29 + 5);
+  ASSERT_TRUE(Copy(device, out.data(), kLength).ok());
+  RouteKind route;
+  ASSERT_TRUE(
+      TransferOne(**engine, TransferOp::kWrite, device, *segment, 9 * kMiB + 1, kLength, &route)
+          .ok());
+  EXPECT_EQ(route, RouteKind("tcp-staged"));
+  ASSERT_TRUE(
+      TransferOne(**engine, TransferOp::kRead, device + kLength, *segment, 9 * kMiB + 1, kLength)
+          .ok());
+  ASSERT_TRUE(Copy(back.data(), device + kLength, kLength).ok());
+  EXPECT_EQ(back, out);
+  EngineStats stats = (*engine)->Stats();
+  EXPECT_EQ(stats.staged_to_host_bytes, kLength);
+  EXPECT_EQ(stats.staged_to_device_bytes, kLength);
+  EXPECT_TRUE(WaitUntil([&] { return (*engine)->Stats().staging_buffers_in_use == 0; },
+                        std::chrono::seconds(10)));
 }
 
 }  // namespace larder::testutil

@@ -180,8 +180,14 @@ class TransferEngine:
     ``initialize`` host and ``get_rpc_port()``. Addresses outside every buffer the peer
     registered are rejected (-1). Local addresses need no registration.
 
-    Every address is host memory: Larder's Mooncake engine does not move device (GPU) memory,
-    so pointers passed here (local and peer) must be host memory.
+    Device (GPU) memory works where the engine has Larder's device transport (``LARDER_PROTOCOL``
+    naming ``device``, e.g. ``device,tcp``): ``register_memory`` asks the device backend which
+    memory a pointer is and exports device memory as such; a peer of the same host reaches it
+    natively (the device route), a peer of another host over tcp through pinned staging buffers
+    on both ends (route ``tcp-staged``), and local device buffers are staged the same way. The
+    device transport initializes on the current device of the thread that first registers
+    device memory (``larder.set_current_device``, or the framework's ``cudaSetDevice``).
+    Without it, every address must be host memory.
 
     Same-host peers reach memory from ``allocate_managed_buffer`` over shm; memory the
     application owns (``register_memory``) is reached over tcp. Every transfer method takes
@@ -281,6 +287,10 @@ class TransferEngine:
             return -1
         return int(self._engine.address.rpartition(":")[2])
 
+    def larder_engine(self) -> larder.TransferEngine | None:
+        """The larder.TransferEngine underneath (None before initialize). Larder extension."""
+        return self._engine
+
     def get_local_address(self) -> str:
         """This engine's "ip:port" (what peers pass as target_hostname). Larder extension."""
         return self._engine.address if self._engine is not None else ""
@@ -338,7 +348,8 @@ class TransferEngine:
     # ---- memory ----
 
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
-        """Exports [buffer_addr, buffer_addr + capacity) (host memory) to peers. A range inside
+        """Exports [buffer_addr, buffer_addr + capacity) to peers (device memory as such, where
+        the engine has the device transport; see the class). A range inside
         a buffer from allocate_managed_buffer is already exported: 0, and nothing changes.
         ``location`` is ignored. Returns 0 or -1 (not initialized, bad range, overlap with a
         registered buffer)."""
