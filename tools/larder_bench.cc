@@ -331,9 +331,19 @@ int main(int argc, char** argv) {
                   "pull delays the ones due behind it (0: back to back)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  dep->add_option("--store-protocol", deployment_protocols,
-                  "comma list of LARDER_STORE_PROTOCOL values for the prefills, one run each "
-                  "(tcp: the NIC-style hairpin that Larder avoids)")
+  auto* dep_store_protocol =
+      dep->add_option("--store-protocol", deployment_protocols,
+                      "comma list of LARDER_STORE_PROTOCOL values for the prefills, one run each "
+                      "(tcp: the NIC-style hairpin that Larder avoids); with --memory device each "
+                      "is run as device,<protocol>, and the default is auto alone")
+          ->capture_default_str();
+  dep->add_option("--memory", deployment.memory,
+                  "where the KV lives: host, or device: the prefills' PD and store segments and "
+                  "the decode's KV buffers in device memory (device 0 of each process; emulated "
+                  "without a device), the PD engines on device plus LARDER_PROTOCOL (else auto), "
+                  "so that the decode's pulls go tcp-staged and the prefills' store traffic over "
+                  "the device route; every byte is still verified, through host copies")
+      ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
   dep->add_option("--kill-decode-after", deployment.kill_decode_after_s,
                   "SIGKILL the decode this many seconds into the load (reported as decode_died)")
@@ -526,6 +536,10 @@ int main(int argc, char** argv) {
       ->transform(ByteSize());
   dp->add_option("--pd-page-size", deployment_prefill.pd_page_size, "bytes per PD page")
       ->transform(ByteSize());
+  dp->add_option("--pd-protocol", deployment_prefill.pd_protocol,
+                 "PD engine protocol (default: LARDER_PROTOCOL, else auto)");
+  dp->add_flag("--device-memory", deployment_prefill.device_memory,
+               "bind device 0; the PD segment in device memory (the PD protocol must name device)");
   dp->add_flag("--json", deployment_worker_json, "accepted; lines are JSON anyway");
 
   larder::bench::DeploymentDecodeOptions deployment_decode;
@@ -540,11 +554,20 @@ int main(int argc, char** argv) {
   dd->add_option("--timeout-ms", deployment_decode_timeout_ms, "deadline of one request");
   dd->add_option("--rate", deployment_decode.rate, "requests per second (0: back to back)")
       ->check(CLI::NonNegativeNumber);
+  dd->add_option("--protocol", deployment_decode.protocol,
+                 "engine protocol (default: LARDER_PROTOCOL, else auto)");
+  dd->add_flag("--device-memory", deployment_decode.device_memory,
+               "bind device 0; the KV buffers in device memory (the protocol must name device)");
   dd->add_flag("--json", deployment_worker_json, "accepted; lines are JSON anyway");
 
   CLI11_PARSE(app, argc, argv);
 
   if (dep->parsed()) {
+    // With device memory the device route carries the prefills' store traffic under any store
+    // protocol: the tcp run would repeat the auto one (deployment_bench.h).
+    if (deployment.memory == "device" && dep_store_protocol->count() == 0) {
+      deployment_protocols = "auto";
+    }
     deployment.store_protocols.clear();
     for (size_t start = 0; start <= deployment_protocols.size();) {
       size_t comma = deployment_protocols.find(',', start);

@@ -326,12 +326,10 @@ void Engine::StageSlice(Transport* transport, RemoteSegment& remote, Slice* slic
       });
 }
 
+// A read's bytes go to the device on the thread that received them, while they are in its cache.
 void Engine::StagedSlice::OnSliceDone(Slice* done, Status status) {
   if (status.ok() && done->op == TransferOp::kRead) {
-    engine->copy_pool_->Schedule([this] {
-      engine->EndStaged(this, engine->staging_->ToDevice(device, buffer.data(), slice->length));
-    });
-    return;
+    status = engine->staging_->ToDevice(device, buffer.data(), slice->length);
   }
   engine->EndStaged(this, std::move(status));
 }

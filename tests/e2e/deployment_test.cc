@@ -3,7 +3,8 @@
 // `larder-bench deployment` end to end: the RFC topology (two prefills sharing a store on host A,
 // a decode pulling PD KV pages from them on host B) in real processes. Host B is a network
 // namespace when this test runs as root with iproute2, else this namespace under another
-// LARDER_HOST_ID; the bench decides, and the test checks which it chose.
+// LARDER_HOST_ID; the bench decides, and the test checks which it chose. With --memory device the
+// KV is device memory of each process (the emulated backend on a machine without a device).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include "bench/netns.h"
 #include "bench/process.h"
+#include "transfer/device/device_transport.h"
 
 namespace larder {
 namespace {
@@ -120,11 +122,11 @@ uint64_t U64(const json& object, const std::string& field) {
   return object.contains(field) ? object[field].get<uint64_t>() : 0;
 }
 
-// What every run must show, faults or not.
-void ExpectTopology(const json& s) {
+// What every run must show, faults or not. `pd_route`: the route of the decode's pulls.
+void ExpectTopology(const json& s, const std::string& pd_route = "tcp") {
   EXPECT_EQ(s["netns"].get<bool>(), bench::NetnsUsable().ok()) << s.dump();
   // The decode is another host: its PD transfers use the network, never shm.
-  for (const auto& [route, n] : s["pd_routes"].items()) EXPECT_EQ(route, "tcp") << s.dump();
+  for (const auto& [route, n] : s["pd_routes"].items()) EXPECT_EQ(route, pd_route) << s.dump();
   EXPECT_GT(U64(s, "pd_transfers"), 0u);
   EXPECT_GT(U64(s, "pd_idle_transfers"), 0u);
   EXPECT_GT(U64(s, "store_ops"), 0u);
@@ -242,6 +244,64 @@ TEST(DeploymentTest, KilledDecodeIsReportedAndPrefillsCarryOn) {
   EXPECT_GT(U64(s, "store_gets"), 0u);
   EXPECT_GT(U64(s, "store_ops_after_fault"), 0u) << "the store stopped with the decode";
   EXPECT_EQ(U64(s, "verified_bytes"), U64(s, "read_bytes"));
+}
+
+// --memory device: the prefills' PD and store segments and the decode's KV buffers in device
+// memory. The decode's pulls cross hosts through pinned staging on both ends ("tcp-staged"), the
+// prefills' store traffic takes the device route, and every byte read is still verified (through
+// host copies).
+TEST(DeploymentTest, DeviceMemoryPullsGoTcpStagedWithoutFailures) {
+  // The bench's processes bind device 0 of the build's device backend, as this probe does.
+  std::shared_ptr<transfer::DeviceBackend> device = transfer::DefaultDeviceBackend();
+  if (Status bound = device->SetCurrentDevice(0); !bound.ok()) {
+    GTEST_SKIP() << "no device 0 here: " << bound;
+  }
+  device->SetCurrentDevice(-1).IgnoreError();
+
+  BenchRun run = RunDeployment(
+      {"--memory", "device", "--duration", "3", "--idle-baseline", "1", "--segment-size", "256M"});
+  EXPECT_EQ(run.exit_status, 0) << "the run must finish with a summary";
+  EXPECT_FALSE(run.netns_left) << "the bench left its network namespace behind";
+  // Device memory's default is the one store protocol auto (the device route carries the
+  // prefills' store traffic under tcp too).
+  ASSERT_EQ(run.summaries.size(), 1u);
+  const json& s = run.summaries[0];
+  ExpectTopology(s, "tcp-staged");
+  EXPECT_EQ(s["memory"], "device");
+  EXPECT_EQ(s["store_protocol"], "auto");
+  EXPECT_EQ(s["store_engine_protocol"], "device,auto");
+  EXPECT_NE(s["pd_protocol"].get<std::string>().find("device"), std::string::npos) << s.dump();
+  // Every process's KV is device memory, as the processes themselves report it.
+  EXPECT_EQ(s["memory_kinds"]["decode"], "device") << s["memory_kinds"].dump();
+  for (const char* name : {"prefill-1", "prefill-2"}) {
+    EXPECT_EQ(s["memory_kinds"][name], json({{"pd", "device"}, {"store", "device"}}))
+        << s["memory_kinds"].dump();
+  }
+  // Nothing failed, PD or store.
+  EXPECT_EQ(U64(s, "failures"), 0u)
+      << s["failures_by_kind"].dump() << " " << s["first_errors"].dump();
+  EXPECT_EQ(U64(s, "pd_failures"), 0u);
+  EXPECT_EQ(U64(s, "pd_failures_total"), 0u);
+  EXPECT_EQ(U64(s, "store_failures"), 0u);
+  // The decode's bytes went over tcp-staged, all of them.
+  const json& pd_bytes = s["pd_bytes_by_route"];
+  EXPECT_EQ(pd_bytes.size(), 1u) << pd_bytes.dump();
+  EXPECT_GT(U64(pd_bytes, "tcp-staged"), 0u) << pd_bytes.dump();
+  EXPECT_EQ(U64(pd_bytes, "tcp-staged"), U64(s, "pd_bytes")) << s.dump();
+  // The prefills' store traffic: the device route between processes of one host, no hairpin.
+  EXPECT_GT(U64(s, "store_ops"), 0u);
+  EXPECT_GT(U64(s, "store_gets"), 0u);
+  EXPECT_GT(U64(s["bytes_by_route"], "device"), 0u) << s["bytes_by_route"].dump();
+  EXPECT_EQ(U64(s["bytes_by_route"], "tcp-staged"), 0u) << s["bytes_by_route"].dump();
+  EXPECT_EQ(U64(s, "same_host_tcp_bytes"), 0u);
+  // Every byte read verified, and the run completed: the processes ended with final reports.
+  EXPECT_GT(U64(s, "pd_verified_bytes"), 0u);
+  EXPECT_GT(U64(s, "store_verified_bytes"), 0u);
+  for (const char* name : {"prefill-1", "prefill-2"}) {
+    EXPECT_TRUE(s["prefills"][name]["final"].get<bool>()) << name;
+  }
+  EXPECT_FALSE(s["interrupted"].get<bool>());
+  EXPECT_TRUE(s["unexpected_exits"].empty()) << s["unexpected_exits"].dump();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -51,6 +52,11 @@ void AddCounts(json& into, const json& from, const std::string& prefix) {
 }
 
 double Gbps(uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+
+// `protocol` with the device transport added, unless it names device already.
+std::string WithDevice(const std::string& protocol) {
+  return SelectsDevice(protocol) ? protocol : "device," + protocol;
+}
 
 // Where the processes run: host B is a network namespace, or this namespace under another
 // LARDER_HOST_ID.
@@ -109,6 +115,12 @@ class Child {
     std::lock_guard<std::mutex> lock(mu_);
     return latest_;
   }
+  // Waits up to `timeout` for a line for which `done` is true. False when the child exits first
+  // or the time passes.
+  bool WaitForLine(const std::function<bool(const json&)>& done, milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return exited_ || done(latest_); }) && !exited_;
+  }
   // Decode only: PD latencies of `phase` since the last call (window) and since the start.
   std::vector<double> TakeWindow(const std::string& phase) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -152,6 +164,7 @@ class Child {
         }
       }
       latest_ = std::move(parsed);
+      cv_.notify_all();
     }
   }
 
@@ -180,6 +193,10 @@ class DeploymentRun {
       : options_(options),
         topology_(topology),
         protocol_(std::move(protocol)),
+        device_(options.memory == "device"),
+        store_engine_protocol_(device_ ? WithDevice(protocol_) : protocol_),
+        // Host memory: empty, so that the PD engines resolve LARDER_PROTOCOL themselves.
+        pd_protocol_(device_ ? WithDevice(ResolveProtocol(EngineRole::kStandalone, "")) : ""),
         progress_(progress) {}
 
   Result<json> Run() {
@@ -195,6 +212,7 @@ class DeploymentRun {
                           {"client_id", other.ready().value("client_id", "")}});
     }
     LARDER_ASSIGN_OR_RETURN(decode_, SpawnDecode());
+    LARDER_RETURN_IF_ERROR(CheckMemoryKinds());
     last_print_ = SteadyClock::now();
 
     if (options_.idle_baseline_s > 0) RunPhase("idle", options_.idle_baseline_s, false);
@@ -205,6 +223,15 @@ class DeploymentRun {
     loaded_seconds_ = Since(loaded_start_);
     decode_->Send({{"cmd", "phase"}, {"phase", "stopping"}});
     for (auto& prefill : prefills_) prefill->Send({{"cmd", "load"}, {"on", false}});
+    // No prefill leaves while the other may still write or read its segment: such a call fails
+    // (device memory: a copy into an exporter that has gone).
+    for (auto& prefill : prefills_) {
+      if (prefill->killed()) continue;
+      if (!prefill->WaitForLine([](const json& line) { return line.value("load_stopped", false); },
+                                seconds(60))) {
+        unexpected_.push_back(prefill->name() + " did not say its store load had stopped");
+      }
+    }
 
     // The decode first, so that no PD request is cut short by a prefill leaving.
     Stopped(*decode_, decode_->Finish(seconds(15)));
@@ -234,7 +261,12 @@ class DeploymentRun {
                                      std::to_string(options_.pd_segment_size),
                                      "--pd-page-size",
                                      std::to_string(options_.pd_page_size)};
-    std::map<std::string, std::string> env = {{"LARDER_STORE_PROTOCOL", protocol_},
+    if (device_) {
+      argv.push_back("--pd-protocol");
+      argv.push_back(pd_protocol_);
+      argv.push_back("--device-memory");
+    }
+    std::map<std::string, std::string> env = {{"LARDER_STORE_PROTOCOL", store_engine_protocol_},
                                               {"LARDER_HOST_ID", topology_.host_a_id}};
     auto process = ChildProcess::Spawn(argv, env, seconds(120));
     if (!process.ok()) return process.status().WithContext("starting " + name);
@@ -260,12 +292,46 @@ class DeploymentRun {
                             std::string("--rate"), std::to_string(options_.pd_rate)}) {
       argv.push_back(arg);
     }
+    if (device_) {
+      argv.push_back("--protocol");
+      argv.push_back(pd_protocol_);
+      argv.push_back("--device-memory");
+    }
     auto process =
         ChildProcess::Spawn(argv, {{"LARDER_HOST_ID", topology_.host_b_id}}, seconds(60));
     if (!process.ok()) return process.status().WithContext("starting the decode");
     json ready = json::parse(process->address(), nullptr, false);
     if (!ready.is_object()) return InternalError("decode announced '" + process->address() + "'");
     return std::make_unique<Child>("decode", std::move(*process), std::move(ready));
+  }
+
+  // The memory each process says its KV is in: {"prefill-1": {"pd", "store"}, ..., "decode"}.
+  json MemoryKinds() const {
+    json kinds = json::object();
+    for (const auto& prefill : prefills_) {
+      kinds[prefill->name()] = {{"pd", prefill->ready().value("pd_memory", "")},
+                                {"store", prefill->ready().value("store_memory", "")}};
+    }
+    if (decode_ != nullptr) kinds["decode"] = decode_->ready().value("memory", "");
+    return kinds;
+  }
+
+  // Device memory: every segment and buffer of the KV must be device memory, or the run would
+  // measure host memory under the device's name.
+  Status CheckMemoryKinds() const {
+    if (!device_) return Status::Ok();
+    const json kinds = MemoryKinds();
+    bool all_device = kinds.value("decode", "") == "device";
+    for (const auto& prefill : prefills_) {
+      const json own = kinds.value(prefill->name(), json::object());
+      all_device =
+          all_device && own.value("pd", "") == "device" && own.value("store", "") == "device";
+    }
+    if (all_device) return Status::Ok();
+    return FailedPreconditionError(
+        "--memory device: not every KV segment and buffer is device memory " + kinds.dump() +
+        " (store engines: LARDER_STORE_PROTOCOL=" + store_engine_protocol_ +
+        ", PD engines: " + pd_protocol_ + ")");
   }
 
   void Stopped(Child& child, bool clean) {
@@ -434,13 +500,17 @@ class DeploymentRun {
         {"p999_ms", Percentile(lat, 99.9)},
         {"max_ms", Percentile(lat, 100)},
         {"routes", counters.value("routes", json::object())},
+        {"bytes_by_route", counters.value("bytes_by_route", json::object())},
         {"by_prefill", counters.value("by_prefill", json::object())}};
   }
 
   json Summary() {
     json summary;
     summary["store_protocol"] = protocol_;
-    summary["pd_protocol"] = ResolveProtocol(EngineRole::kStandalone, "");
+    summary["store_engine_protocol"] = store_engine_protocol_;
+    summary["pd_protocol"] = device_ ? pd_protocol_ : ResolveProtocol(EngineRole::kStandalone, "");
+    summary["memory"] = options_.memory;
+    summary["memory_kinds"] = MemoryKinds();
     summary["netns"] = topology_.netns != nullptr;
     if (topology_.netns != nullptr) {
       summary["netns_name"] = topology_.netns->name();
@@ -460,6 +530,7 @@ class DeploymentRun {
     json loaded = Pd("loaded", loaded_seconds_);
     json idle = Pd("idle", options_.idle_baseline_s);
     summary["pd_transfers"] = loaded["transfers"];
+    summary["pd_bytes"] = loaded["bytes"];
     summary["pd_transfers_per_s"] = loaded["transfers_per_s"];
     summary["pd_gbps"] = loaded["gbps"];
     summary["pd_p50_ms"] = loaded["p50_ms"];
@@ -468,6 +539,7 @@ class DeploymentRun {
     summary["pd_max_ms"] = loaded["max_ms"];
     summary["pd_failures"] = loaded["failures"];
     summary["pd_routes"] = loaded["routes"];
+    summary["pd_bytes_by_route"] = loaded["bytes_by_route"];
     summary["pd_by_prefill"] = loaded["by_prefill"];
     summary["pd_idle_transfers"] = idle["transfers"];
     summary["pd_idle_gbps"] = idle["gbps"];
@@ -533,10 +605,17 @@ class DeploymentRun {
     summary["store_verified_bytes"] = store_verified;
 
     json failures = Failures();
-    uint64_t total = 0;
-    for (const auto& [kind, n] : failures.items()) total += n.get<uint64_t>();
+    uint64_t total = 0, pd_failures = 0, store_failures = 0;
+    for (const auto& [kind, n] : failures.items()) {
+      total += n.get<uint64_t>();
+      if (kind.starts_with("pd.")) pd_failures += n.get<uint64_t>();
+      if (kind.starts_with("store.")) store_failures += n.get<uint64_t>();
+    }
     summary["failures"] = total;
     summary["failures_by_kind"] = failures;
+    // PD failures of every phase (pd_failures: the loaded phase's) and the prefills' store ones.
+    summary["pd_failures_total"] = pd_failures;
+    summary["store_failures"] = store_failures;
     json first_errors = json::array();
     for (auto& prefill : prefills_) {
       std::string error = prefill->latest().value("first_error", "");
@@ -558,6 +637,9 @@ class DeploymentRun {
   const DeploymentBenchOptions& options_;
   const Topology& topology_;
   const std::string protocol_;
+  const bool device_;                        // --memory device
+  const std::string store_engine_protocol_;  // LARDER_STORE_PROTOCOL of the prefills
+  const std::string pd_protocol_;            // of the PD engines; empty: their LARDER_PROTOCOL
   std::ostream& progress_;
   std::unique_ptr<master::MasterServer> master_;
   std::vector<std::unique_ptr<Child>> prefills_;
@@ -586,8 +668,11 @@ std::string Bytes(uint64_t bytes) {
 }
 
 void PrintSummary(const json& s, std::ostream& out) {
-  out << "\n== store protocol " << s["store_protocol"].get<std::string>() << " (PD protocol "
-      << s["pd_protocol"].get<std::string>() << ", decode "
+  const bool device = s["memory"] == "device";
+  out << "\n== store protocol " << s["store_protocol"].get<std::string>();
+  if (device) out << " as " << s["store_engine_protocol"].get<std::string>();
+  out << " (PD protocol " << s["pd_protocol"].get<std::string>() << ", "
+      << s["memory"].get<std::string>() << " memory, decode "
       << (s["netns"].get<bool>() ? "in netns " + s["netns_name"].get<std::string>()
                                  : "in this namespace: " + s["netns_reason"].get<std::string>())
       << ")\n";
@@ -608,6 +693,22 @@ void PrintSummary(const json& s, std::ostream& out) {
       << Fixed(s["pd_idle_max_ms"].get<double>(), 2) << " ms\n";
   out << "  PD p99 store hammered / idle: " << Fixed(s["pd_p99_loaded_vs_idle"].get<double>(), 2)
       << "x\n";
+  out << "  PD bytes by route (store hammered):";
+  for (const auto& [route, bytes] : s["pd_bytes_by_route"].items()) {
+    out << " " << route << " " << Bytes(bytes.get<uint64_t>());
+  }
+  out << "\n";
+  if (device) {
+    out << "  memory kinds:";
+    for (const auto& [process, kinds] : s["memory_kinds"].items()) {
+      out << " " << process << " "
+          << (kinds.is_object()
+                  ? "pd " + kinds.value("pd", "") + " store " + kinds.value("store", "")
+                  : kinds.get<std::string>());
+      out << ";";
+    }
+    out << "\n";
+  }
   out << "  store: " << s["store_ops"] << " ops (" << s["store_puts"] << " puts, "
       << s["store_gets"] << " verified gets, " << s["store_missing"] << " evicted), "
       << Fixed(s["store_gbps"].get<double>(), 2) << " GB/s; bytes by route:";
@@ -618,7 +719,8 @@ void PrintSummary(const json& s, std::ostream& out) {
       << Bytes(s["same_host_tcp_bytes"].get<uint64_t>()) << "\n";
   out << "  verified " << Bytes(s["verified_bytes"].get<uint64_t>()) << " of "
       << Bytes(s["read_bytes"].get<uint64_t>()) << " read\n";
-  out << "  failures: " << s["failures"];
+  out << "  failures: " << s["failures"] << " (PD " << s["pd_failures_total"] << ", store "
+      << s["store_failures"] << ")";
   if (s["failures"].get<uint64_t>() > 0) out << " " << s["failures_by_kind"].dump();
   out << "\n";
   for (const auto& error : s["first_errors"]) out << "    " << error.get<std::string>() << "\n";
@@ -672,9 +774,11 @@ void PrintComparison(const json& a, const json& b, std::ostream& out) {
 
 int RunDeploymentBench(const DeploymentBenchOptions& options) {
   if (options.store_protocols.empty() || options.duration_s <= 0 || options.batch == 0 ||
-      options.pd_pages == 0 || options.pd_segment_size < options.pd_page_size) {
+      options.pd_pages == 0 || options.pd_segment_size < options.pd_page_size ||
+      (options.memory != "host" && options.memory != "device")) {
     std::cerr << "larder-bench deployment: need a store protocol, --duration > 0, --batch > 0, "
-                 "--pd-pages > 0 and --pd-segment-size >= --pd-page-size\n";
+                 "--pd-pages > 0, --pd-segment-size >= --pd-page-size and --memory host or "
+                 "device\n";
     return 2;
   }
   std::ostream& progress = options.json ? std::cerr : std::cout;

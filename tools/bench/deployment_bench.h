@@ -17,6 +17,29 @@
 // baseline. Without root (or without netns support) the decode runs in this namespace with
 // another LARDER_HOST_ID, so it is still "another host" to the prefills.
 //
+// Device memory (memory = "device"): the KV lives where a serving process keeps it. Each process
+// binds device 0 (of the build's device backend: emulated on a machine without one) before its
+// engines start; the prefills' PD segments and store segments and the decode's KV buffers are
+// that device's memory, and no process touches it with the CPU: the prefills write their PD
+// pages through their PD engine from a host buffer, and the decode's engine copies each request's
+// pages to a host buffer where they are checked (its latency ends when the pull has landed,
+// before that copy). The store's put and get buffers of the prefills stay host memory, where the
+// values are made and checked. What changes per engine:
+//   - PD engines (prefills and decode): "device," + LARDER_PROTOCOL (else auto), or
+//     LARDER_PROTOCOL alone when it names device already. The decode is another host, so its
+//     pulls go over a CPU route through pinned staging on both ends: "tcp-staged".
+//   - Store engines: a run of store protocol P sets LARDER_STORE_PROTOCOL to "device,P" (P alone
+//     when it names device). Between engines of one host the device route outranks every CPU
+//     route for device memory, so the prefills' store traffic goes over the device route
+//     (imports of each other's device memory) under any P; P only decides how the stores of other
+//     hosts would be reached, and there are none here. The tcp run, the host-memory hairpin, has
+//     no device-memory counterpart, so the CLI's default with device memory is the one run auto.
+//
+// Every summary says the memory ("memory"), each process's memory kinds ("memory_kinds", as the
+// processes report them; a device run whose memory is not device memory fails to set up), the
+// routes the PD bytes took ("pd_bytes_by_route", "pd_routes") and the failures of PD and store
+// apart ("pd_failures_total", "store_failures").
+//
 // Children: deployment_worker.h. Output: a line per second (stdout, or stderr with --json) and a
 // summary per run (with --json: one JSON object per line; fields in RunDeploymentBench).
 #pragma once
@@ -58,11 +81,14 @@ struct DeploymentBenchOptions {
   bool json = false;
   // Keep the decode in this namespace even when a network namespace could be made.
   bool no_netns = false;
+  // Where the KV lives: "host" (the default), or "device" (see above).
+  std::string memory = "host";
 };
 
 // Runs every store protocol in turn and prints the results. Returns the process exit code: 0
 // when every run finished with a summary (failures are numbers in it, not an exit code), 1 when
-// a run could not be set up, 2 for bad options.
+// a run could not be set up (with device memory: also when a process's memory is not device
+// memory), 2 for bad options.
 int RunDeploymentBench(const DeploymentBenchOptions& options);
 
 }  // namespace larder::bench

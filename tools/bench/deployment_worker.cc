@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -20,6 +21,7 @@
 #include "bench/values.h"
 #include "larder/store_client.h"
 #include "larder/transfer_engine.h"
+#include "transfer/device/device_transport.h"
 
 namespace larder::bench {
 namespace {
@@ -27,14 +29,50 @@ namespace {
 using json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr RouteKind kRoutes[] = {RouteKind::kLocal, RouteKind::kSameHostShm, RouteKind::kTcp,
-                                 RouteKind::kDevice};
+// A CPU route to device memory is counted under "<route>-staged"; the hairpin between the
+// prefills is tcp either way.
+const RouteKind kTcpStaged{"tcp-staged"};
+
+// How long a "load off" command waits for the batch in flight.
+constexpr std::chrono::seconds kLoadStopWait{30};
+
+// Host bytes written into device memory per transfer while a PD segment is filled.
+constexpr uint64_t kFillChunkBytes = 4ull << 20;
 
 // One JSON line on stdout; lines of different threads never interleave.
 void Emit(const json& line) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   std::cout << line.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
+}
+
+// Binds device 0 to the calling thread: the device transport of an engine created after this
+// initializes there (as a serving process calls cudaSetDevice before its engine starts).
+Status BindDevice() { return transfer::DefaultDeviceBackend()->SetCurrentDevice(0); }
+
+// Fails unless `memory` is device memory; `what` says whose, `protocol` which engine gave it.
+Status RequireDeviceMemory(const MemoryRegion& memory, const std::string& what,
+                           const std::string& protocol) {
+  if (memory.kind() == MemoryKind::kDevice) return Status::Ok();
+  return FailedPreconditionError(what + " is " + std::string(MemoryKindName(memory.kind())) +
+                                 " memory, not device memory: its engine's protocol ('" + protocol +
+                                 "') must name device");
+}
+
+// The handle of segment `id` of `engine` itself, opened by that engine.
+Result<SegmentHandle> OpenOwnSegment(TransferEngine& engine, SegmentId id) {
+  for (const SegmentDescriptor& descriptor : engine.ListSegments()) {
+    if (descriptor.segment_id == id) return engine.OpenSegment(descriptor);
+  }
+  return NotFoundError("segment " + std::to_string(id) + " is not exported by this engine");
+}
+
+// One transfer through `engine`, waited for: OK when all of it moved.
+Status TransferOne(TransferEngine& engine, const TransferRequest& request,
+                   std::chrono::milliseconds timeout) {
+  auto results = engine.TransferSync(std::span(&request, 1), timeout);
+  if (!results.ok()) return results.status();
+  return results->at(0).status;
 }
 
 double SecondsSince(SteadyClock::time_point start) {
@@ -113,6 +151,8 @@ class Prefill {
         options_.pd_segment_size < options_.pd_page_size) {
       return InvalidArgumentError("page sizes and batch must be > 0, pd segment >= one pd page");
     }
+    // Both engines' device transports initialize on this thread's device.
+    if (options_.device_memory) LARDER_RETURN_IF_ERROR(BindDevice());
     LARDER_ASSIGN_OR_RETURN(StoreClientOptions store_options,
                             StoreClientOptions::FromEnvironment());
     if (!options_.master.empty()) store_options.master_address = options_.master;
@@ -128,18 +168,26 @@ class Prefill {
     LARDER_RETURN_IF_ERROR(client_->RegisterBuffer(get_buffer_.data(), get_buffer_.size()));
 
     TransferEngineOptions pd_options;
-    pd_options.role = EngineRole::kStandalone;  // LARDER_PROTOCOL, else auto
+    pd_options.role = EngineRole::kStandalone;  // empty protocol: LARDER_PROTOCOL, else auto
+    pd_options.protocol = options_.pd_protocol;
     pd_options.listen_address = options_.pd_listen;
     LARDER_ASSIGN_OR_RETURN(pd_engine_, TransferEngine::Create(pd_options));
     uint64_t pages = options_.pd_segment_size / options_.pd_page_size;
     LARDER_ASSIGN_OR_RETURN(pd_memory_,
                             pd_engine_->AllocateSegmentMemory(pages * options_.pd_page_size));
-    auto* base = static_cast<std::byte*>(pd_memory_->data());
-    for (uint64_t i = 0; i < pages; ++i) {
-      FillValue(PdPageKey(options_.name, i),
-                std::span(base + i * options_.pd_page_size, options_.pd_page_size));
+    if (options_.device_memory) {
+      LARDER_RETURN_IF_ERROR(RequireDeviceMemory(
+          *pd_memory_, "the PD segment", ResolveProtocol(pd_options.role, pd_options.protocol)));
+      LARDER_ASSIGN_OR_RETURN(SegmentId pd, pd_engine_->RegisterSegment("pd", pd_memory_));
+      LARDER_RETURN_IF_ERROR(WritePdPagesThroughEngine(pd, pages));
+    } else {
+      auto* base = static_cast<std::byte*>(pd_memory_->data());
+      for (uint64_t i = 0; i < pages; ++i) {
+        FillValue(PdPageKey(options_.name, i),
+                  std::span(base + i * options_.pd_page_size, options_.pd_page_size));
+      }
+      LARDER_RETURN_IF_ERROR(pd_engine_->RegisterSegment("pd", pd_memory_).status());
     }
-    LARDER_RETURN_IF_ERROR(pd_engine_->RegisterSegment("pd", pd_memory_).status());
 
     capacity_pages_ = std::max<uint64_t>(options_.segment_size / options_.page_size / 2, 1);
     load_thread_ = std::thread([this] { LoadLoop(); });
@@ -147,11 +195,19 @@ class Prefill {
   }
 
   json Ready() const {
+    std::string store_memory = "none";
+    for (const SegmentDescriptor& descriptor : client_->engine().ListSegments()) {
+      if (descriptor.name == client_->segment_name()) {
+        store_memory = std::string(MemoryKindName(descriptor.memory_kind));
+      }
+    }
     return {{"name", options_.name},
             {"pd", pd_engine_->address()},
             {"pd_engine_id", pd_engine_->id()},
+            {"pd_memory", std::string(MemoryKindName(pd_memory_->kind()))},
             {"client_id", client_->client_id()},
             {"segment", client_->segment_name()},
+            {"store_memory", store_memory},
             {"host_id", client_->engine().host_id()}};
   }
 
@@ -165,11 +221,18 @@ class Prefill {
       uint64_t written = cmd.value("written", uint64_t{0});
       if (written > peer_written_.load()) peer_written_.store(written);
     } else if (name == "load") {
+      const bool on = cmd.value("on", false);
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        load_ = cmd.value("on", false);
+        std::unique_lock<std::mutex> lock(mu_);
+        load_ = on;
+        load_stopped_ = false;
+        cv_.notify_all();
+        if (!on) {
+          // Said once the batch in flight has ended (bounded by the store's own deadlines).
+          load_stopped_ = cv_.wait_for(lock, kLoadStopWait, [this] { return !in_batch_; });
+        }
       }
-      cv_.notify_all();
+      if (!on) Emit(Snapshot(false));
     } else if (name == "peer_gone") {
       peer_gone_.store(true);
     } else {
@@ -188,13 +251,18 @@ class Prefill {
 
   json Snapshot(bool final) {
     EngineStats stats = client_->engine().Stats();
+    std::map<std::string, TransferCounters> routes;
+    for (const PeerTransferStats& peer : stats.peers) {
+      TransferCounters& counters = routes[RouteKindName(peer.route)];
+      counters += peer.reads;
+      counters += peer.writes;
+    }
     json by_route = json::object();
     json requests_by_route = json::object();
-    for (RouteKind route : kRoutes) {
-      TransferCounters counters = stats.ByRoute(route);
+    for (const auto& [route, counters] : routes) {
       if (counters.requests == 0) continue;
-      by_route[std::string(RouteKindName(route))] = counters.bytes;
-      requests_by_route[std::string(RouteKindName(route))] = counters.requests;
+      by_route[route] = counters.bytes;
+      requests_by_route[route] = counters.requests;
     }
     json line = {{"role", "prefill"},
                  {"name", options_.name},
@@ -215,16 +283,39 @@ class Prefill {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t same_host_tcp = 0;
     if (!peer_id_.empty()) {
-      TransferCounters tcp = stats.ByPeer(peer_id_, RouteKind::kTcp);
-      same_host_tcp = tcp.bytes;
+      same_host_tcp =
+          stats.ByPeer(peer_id_, RouteKind::kTcp).bytes + stats.ByPeer(peer_id_, kTcpStaged).bytes;
     }
     line["same_host_tcp_bytes"] = same_host_tcp;
+    line["load_stopped"] = load_stopped_;
     line["failures"] = failures_;
     line["first_error"] = first_error_;
     return line;
   }
 
  private:
+  // Device memory is not the CPU's to write: the pages are made in a host buffer and written
+  // into segment `pd` by the PD engine, a chunk at a time.
+  Status WritePdPagesThroughEngine(SegmentId pd, uint64_t pages) {
+    const uint64_t page = options_.pd_page_size;
+    LARDER_ASSIGN_OR_RETURN(SegmentHandle own, OpenOwnSegment(*pd_engine_, pd));
+    const uint64_t per_chunk = std::max<uint64_t>(kFillChunkBytes / page, 1);
+    std::vector<std::byte> host(std::min(per_chunk, pages) * page);
+    Status status = pd_engine_->RegisterLocalMemory(host.data(), host.size());
+    for (uint64_t first = 0; status.ok() && first < pages; first += per_chunk) {
+      const uint64_t n = std::min(per_chunk, pages - first);
+      for (uint64_t i = 0; i < n; ++i) {
+        FillValue(PdPageKey(options_.name, first + i), std::span(host.data() + i * page, page));
+      }
+      status =
+          TransferOne(*pd_engine_, {TransferOp::kWrite, host.data(), own, first * page, n * page},
+                      std::chrono::seconds(30));
+    }
+    pd_engine_->UnregisterLocalMemory(host.data()).IgnoreError();
+    pd_engine_->CloseSegment(own).IgnoreError();
+    return status.WithContext("writing the PD pages into device memory");
+  }
+
   void CountFailure(const std::string& kind, const std::string& message) {
     std::lock_guard<std::mutex> lock(mu_);
     failures_[kind] = failures_.value(kind, 0) + 1;
@@ -234,7 +325,10 @@ class Prefill {
   // Waits while not loaded; false when stopping.
   bool WaitForLoad() {
     std::unique_lock<std::mutex> lock(mu_);
+    in_batch_ = false;
+    cv_.notify_all();
     cv_.wait(lock, [this] { return stop_ || load_; });
+    in_batch_ = !stop_;
     return !stop_;
   }
 
@@ -327,6 +421,8 @@ class Prefill {
   std::condition_variable cv_;
   bool load_ = false;               // guarded by mu_
   bool stop_ = false;               // guarded by mu_
+  bool in_batch_ = false;           // guarded by mu_: the load thread is between two waits
+  bool load_stopped_ = false;       // guarded by mu_: "load off" done, no batch in flight
   std::string peer_name_;           // guarded by mu_
   std::string peer_id_;             // guarded by mu_
   json failures_ = json::object();  // guarded by mu_
@@ -355,7 +451,8 @@ struct PhaseCounters {
   uint64_t wrong = 0;
   uint64_t failures = 0;
   json failures_by_kind = json::object();
-  json routes = json::object();
+  json routes = json::object();          // requests by route
+  json bytes_by_route = json::object();  // bytes of completed requests by route
   std::map<std::string, PrefillCounters> by_prefill;
   std::vector<double> new_latencies_ms;  // since the last line
 };
@@ -366,8 +463,8 @@ class Decode {
 
   ~Decode() {
     Stop();
-    if (engine_ != nullptr && !buffer_.empty()) {
-      engine_->UnregisterLocalMemory(buffer_.data()).IgnoreError();
+    if (engine_ != nullptr && !host_.empty()) {
+      engine_->UnregisterLocalMemory(host_.data()).IgnoreError();
     }
   }
 
@@ -383,12 +480,30 @@ class Decode {
       targets_.push_back({spec.substr(0, eq), spec.substr(eq + 1)});
     }
     if (targets_.empty()) return InvalidArgumentError("no --prefill given");
+    // The engine's device transport initializes on this thread's device.
+    if (options_.device_memory) LARDER_RETURN_IF_ERROR(BindDevice());
     TransferEngineOptions engine_options;
-    engine_options.role = EngineRole::kStandalone;
+    engine_options.role = EngineRole::kStandalone;  // empty protocol: LARDER_PROTOCOL, else auto
+    engine_options.protocol = options_.protocol;
     engine_options.listen_address = options_.listen;
     LARDER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(engine_options));
-    buffer_.assign(options_.pd_pages * options_.pd_page_size, std::byte{0});
-    LARDER_RETURN_IF_ERROR(engine_->RegisterLocalMemory(buffer_.data(), buffer_.size()));
+    const uint64_t bytes = options_.pd_pages * options_.pd_page_size;
+    // Host memory: the KV buffers themselves. Device memory: where the KV buffers' pages are
+    // copied to be checked.
+    host_.assign(bytes, std::byte{0});
+    LARDER_RETURN_IF_ERROR(engine_->RegisterLocalMemory(host_.data(), host_.size()));
+    if (options_.device_memory) {
+      LARDER_ASSIGN_OR_RETURN(device_kv_, engine_->AllocateSegmentMemory(bytes));
+      LARDER_RETURN_IF_ERROR(
+          RequireDeviceMemory(*device_kv_, "the KV buffer",
+                              ResolveProtocol(engine_options.role, engine_options.protocol)));
+      // A segment of its own, so that the engine copies it to host memory (the device route).
+      LARDER_ASSIGN_OR_RETURN(SegmentId kv, engine_->RegisterSegment("kv", device_kv_));
+      LARDER_ASSIGN_OR_RETURN(kv_handle_, OpenOwnSegment(*engine_, kv));
+      kv_ = static_cast<std::byte*>(device_kv_->data());
+    } else {
+      kv_ = host_.data();
+    }
     for (Target& target : targets_) {
       // A prefill that cannot be opened now is retried by each of its requests.
       Status opened = Open(target);
@@ -399,7 +514,12 @@ class Decode {
   }
 
   json Ready() const {
-    return {{"name", "decode"}, {"pd", engine_->address()}, {"host_id", engine_->host_id()}};
+    return {
+        {"name", "decode"},
+        {"pd", engine_->address()},
+        {"host_id", engine_->host_id()},
+        {"memory", options_.device_memory ? std::string(MemoryKindName(device_kv_->kind()))
+                                          : std::string(MemoryKindName(MemoryKind::kAnonymous))}};
   }
 
   void Handle(const json& cmd) {
@@ -436,6 +556,7 @@ class Decode {
                       {"failures", phase.failures},
                       {"failures_by_kind", phase.failures_by_kind},
                       {"routes", phase.routes},
+                      {"bytes_by_route", phase.bytes_by_route},
                       {"by_prefill", by_prefill},
                       {"lat_ms", phase.new_latencies_ms}};
       phase.new_latencies_ms.clear();
@@ -484,14 +605,18 @@ class Decode {
     Status failed = Status::Ok();
     RouteKind route = RouteKind::kNone;
     uint64_t bytes = 0, verified = 0, wrong = 0;  // wrong: pages that failed verification
+    std::optional<double> landed_ms;              // device memory: when the pull landed
     if (!target.open) failed = Open(target);
     if (failed.ok()) {
       std::vector<TransferRequest> requests(options_.pd_pages);
       std::vector<uint64_t> pages(options_.pd_pages);
       for (size_t j = 0; j < options_.pd_pages; ++j) {
         pages[j] = rng() % target.pages;
-        std::byte* slot = buffer_.data() + j * options_.pd_page_size;
-        std::memset(slot, 0, std::min<size_t>(options_.pd_page_size, 16));
+        std::byte* slot = kv_ + j * options_.pd_page_size;
+        // A pull that moves nothing fails the check (device slots are cleared after each request).
+        if (!options_.device_memory) {
+          std::memset(slot, 0, std::min<size_t>(options_.pd_page_size, 16));
+        }
         requests[j] = {TransferOp::kRead, slot, target.handle, pages[j] * options_.pd_page_size,
                        options_.pd_page_size};
       }
@@ -505,11 +630,15 @@ class Decode {
           if (result.route != RouteKind::kNone) route = result.route;
         }
       }
+      if (failed.ok() && options_.device_memory) {
+        landed_ms = MillisecondsSince(start);
+        failed = CopyKvToHost();
+      }
       if (!failed.ok()) {
         failed = failed.WithContext(target.name + " (" + target.address + ")");
       } else {
         for (size_t j = 0; j < options_.pd_pages; ++j) {
-          auto page = std::span<const std::byte>(buffer_.data() + j * options_.pd_page_size,
+          auto page = std::span<const std::byte>(host_.data() + j * options_.pd_page_size,
                                                  options_.pd_page_size);
           if (VerifyValue(PdPageKey(target.name, pages[j]), page)) {
             verified += options_.pd_page_size;
@@ -519,7 +648,15 @@ class Decode {
         }
       }
     }
-    double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
+    double ms = landed_ms.value_or(MillisecondsSince(start));
+    if (options_.device_memory) {
+      // After a failed request too: some of its pages may have landed.
+      Status cleared = ClearDeviceSlots();
+      if (!cleared.ok() && failed.ok()) {
+        failed = cleared.WithContext("clearing the KV buffer's slots");
+        verified = 0;  // a failed request counts no bytes read
+      }
+    }
 
     std::lock_guard<std::mutex> lock(mu_);
     PhaseCounters& phase = phases_[phase_];
@@ -529,6 +666,9 @@ class Decode {
     if (route != RouteKind::kNone) {
       std::string name(RouteKindName(route));
       phase.routes[name] = phase.routes.value(name, 0) + 1;
+      if (failed.ok()) {
+        phase.bytes_by_route[name] = phase.bytes_by_route.value(name, uint64_t{0}) + bytes;
+      }
     }
     std::string kind;
     std::string message;
@@ -554,6 +694,38 @@ class Decode {
     prefill.codes[kind] = prefill.codes.value(kind, 0) + 1;
     if (prefill.first_error.empty()) prefill.first_error = message;
     prefill.fail_max_ms = std::max(prefill.fail_max_ms, ms);
+  }
+
+  static double MillisecondsSince(SteadyClock::time_point start) {
+    return std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
+  }
+
+  // Device memory: the engine copies the KV buffer to host_ (over the device route), where the
+  // pages are checked. The head of each host page is cleared first, so that a copy that moves
+  // nothing fails the check.
+  Status CopyKvToHost() {
+    for (size_t j = 0; j < options_.pd_pages; ++j) {
+      std::memset(host_.data() + j * options_.pd_page_size, 0,
+                  std::min<size_t>(options_.pd_page_size, 16));
+    }
+    return TransferOne(*engine_, {TransferOp::kRead, host_.data(), kv_handle_, 0, host_.size()},
+                       options_.timeout)
+        .WithContext("copying the KV buffer to host memory to check it");
+  }
+
+  // Device memory: the engine writes zeros over the head of each slot of the KV buffer, so that
+  // the next pull into it that moves nothing fails the check.
+  Status ClearDeviceSlots() {
+    const size_t head = std::min<size_t>(options_.pd_page_size, 16);
+    std::memset(host_.data(), 0, head);
+    std::vector<TransferRequest> requests(options_.pd_pages);
+    for (size_t j = 0; j < options_.pd_pages; ++j) {
+      requests[j] = {TransferOp::kWrite, host_.data(), kv_handle_, j * options_.pd_page_size, head};
+    }
+    auto results = engine_->TransferSync(requests, options_.timeout);
+    if (!results.ok()) return results.status();
+    for (const TransferResult& result : *results) LARDER_RETURN_IF_ERROR(result.status);
+    return Status::Ok();
   }
 
   void Loop() {
@@ -582,7 +754,12 @@ class Decode {
   const DeploymentDecodeOptions options_;
   const SteadyClock::time_point start_ = SteadyClock::now();
   std::unique_ptr<TransferEngine> engine_;
-  std::vector<std::byte> buffer_;
+  // Host memory the pages are checked in (the KV buffers themselves without device memory).
+  std::vector<std::byte> host_;
+  // Device memory: the KV buffers, exported as this engine's segment "kv" and opened by it.
+  std::shared_ptr<MemoryRegion> device_kv_;
+  SegmentHandle kv_handle_ = 0;
+  std::byte* kv_ = nullptr;      // the KV buffers: one page per slot
   std::vector<Target> targets_;  // used by the request thread only, after Start
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -35,6 +35,19 @@ Result<HostPort> EndpointOf(const SegmentDescriptor& d) {
   return ParseHostPort(*blob);
 }
 
+// Sends a read reply's header for `length` bytes of payload together with its first `n` bytes.
+Status SendReadReply(FrameConnection& conn, uint64_t request_id, uint64_t length,
+                     const uint8_t* first, uint64_t n) {
+  FrameHeader reply;
+  reply.type = FrameType::kReadReply;
+  reply.request_id = request_id;
+  reply.length = length;
+  uint8_t out[wire::kFrameHeaderSize];
+  EncodeHeader(reply, out);
+  iovec iov[2] = {{out, sizeof(out)}, {const_cast<uint8_t*>(first), n}};
+  return conn.stream().SendAllV(iov, 2, FrameDeadline());
+}
+
 // Reads `length` bytes arriving on `stream` into nothing, so that the connection stays usable.
 bool SkipPayload(wire::TcpStream& stream, uint64_t length) {
   std::vector<uint8_t> sink(std::min<uint64_t>(length, 1 << 20));
@@ -66,14 +79,7 @@ bool ServeDeviceRead(const SegmentExports& exports, DeviceStaging& staging, Fram
       keep = conn.SendError(h.request_id, copied).ok();
       return;
     }
-    FrameHeader reply;
-    reply.type = FrameType::kReadReply;
-    reply.request_id = h.request_id;
-    reply.length = h.length;
-    uint8_t out[wire::kFrameHeaderSize];
-    EncodeHeader(reply, out);
-    iovec iov[2] = {{out, sizeof(out)}, {buffer->data(), n}};
-    if (!conn.stream().SendAllV(iov, 2, FrameDeadline()).ok()) {
+    if (!SendReadReply(conn, h.request_id, h.length, buffer->data(), n).ok()) {
       keep = false;
       return;
     }
@@ -150,14 +156,7 @@ bool ServeRead(const SegmentExports& exports, DeviceStaging* staging, FrameConne
   }
   Status send_status;
   Status access = exports.Access(h.segment_id, h.offset, h.length, [&](uint8_t* src) {
-    FrameHeader reply;
-    reply.type = FrameType::kReadReply;
-    reply.request_id = h.request_id;
-    reply.length = h.length;
-    uint8_t out[wire::kFrameHeaderSize];
-    EncodeHeader(reply, out);
-    iovec iov[2] = {{out, sizeof(out)}, {src, h.length}};
-    send_status = conn.stream().SendAllV(iov, 2, FrameDeadline());
+    send_status = SendReadReply(conn, h.request_id, h.length, src, h.length);
   });
   if (!access.ok()) return conn.SendError(h.request_id, access).ok();
   return send_status.ok();
