@@ -109,11 +109,16 @@ void TcpPeer::Worker() {
     jobs.clear();
     {
       MutexLock lock(mu_);
+      ++idle_;
       while (!stopping_ && queue_.empty()) cv_.Wait(lock);
+      --idle_;
       if (stopping_) return;
+      // With other connections idle, an even share of what is queued: the slices of a request
+      // spread over the connections (and the peer's threads) instead of queueing behind one.
+      const size_t share = std::min(kPipelineDepth, (queue_.size() + idle_) / (idle_ + 1));
       uint64_t bytes = 0;
       bool window_has_read = false;
-      while (!queue_.empty() && jobs.size() < kPipelineDepth && bytes < kPipelineBytes) {
+      while (!queue_.empty() && jobs.size() < share && bytes < kPipelineBytes) {
         // Replies are only read once the whole window is sent. A write behind a read would let
         // the peer block sending the read's reply while we block sending the write's payload, a
         // deadlock as soon as both exceed the socket buffers; such a write waits for the next

@@ -68,6 +68,7 @@ class TcpPeer {
   std::deque<Job> queue_ LARDER_GUARDED_BY(mu_);
   std::vector<std::thread> workers_ LARDER_GUARDED_BY(mu_);
   bool stopping_ LARDER_GUARDED_BY(mu_) = false;
+  size_t idle_ LARDER_GUARDED_BY(mu_) = 0;  // workers waiting for work
   int failures_ LARDER_GUARDED_BY(mu_) = 0;
   Deadline retry_after_ LARDER_GUARDED_BY(mu_) = {};
   Status last_failure_ LARDER_GUARDED_BY(mu_);
