@@ -24,6 +24,7 @@
 #include "transfer/device/device_staging.h"
 #include "transfer/engine_internal.h"
 #include "transfer/segment_exports.h"
+#include "transfer/staged_dispatch.h"
 #include "transfer/transport_registry.h"
 #include "transfer/wire/server.h"
 
@@ -170,28 +171,14 @@ class Engine final : public TransferEngine, public SliceCallback {
   void OnSliceDone(Slice* slice, Status status) override;
 
  private:
-  // A slice whose local buffer is device memory, moved by a CPU route through a pinned staging
-  // buffer: the route reports to it, and it to the engine once the bytes are where they belong.
-  struct StagedSlice final : SliceCallback {
-    StagedSlice(Engine* e, Transport* t, RemoteSegment* r, Slice* s)
-        : engine(e), transport(t), remote(r), slice(s), device(s->local) {}
-    void OnSliceDone(Slice* done, Status status) override;
-    Engine* engine;
-    Transport* transport;
-    RemoteSegment* remote;  // kept alive by the slice's batch
-    Slice* slice;
-    uint8_t* device;  // the slice's own local buffer
-    DeviceStaging::Buffer buffer;
-  };
-
   // The route for `transport` to `descriptor`, with its counters.
   OpenedSegment::Route MakeRoute(Transport* transport, const SegmentDescriptor& descriptor);
   // Hands slices to `transport`: those with a device buffer through staging when it is a CPU
-  // route, the others as they are.
-  void Dispatch(Transport* transport, RemoteSegment& remote, std::span<Slice* const> slices);
-  void StageSlice(Transport* transport, RemoteSegment& remote, Slice* slice);
-  // The staged slice is over: its buffer goes back, its local pointer is its own again.
-  void EndStaged(StagedSlice* staged, Status status);
+  // route (staged_dispatch.h), the others as they are.
+  void Dispatch(Transport* transport, RemoteSegment& remote, std::span<Slice* const> slices) {
+    if (staged_dispatch_) return staged_dispatch_->Dispatch(transport, remote, slices);
+    transport->Submit(remote, slices, this);
+  }
   std::shared_ptr<OpenedSegment> FindOpened(SegmentHandle handle) const {
     ReaderLock lock(opened_mu_);
     auto it = opened_.find(handle);
@@ -234,6 +221,7 @@ class Engine final : public TransferEngine, public SliceCallback {
   // The device transport and its staging, when the engine has one.
   Transport* device_transport_ = nullptr;
   DeviceStaging* staging_ = nullptr;
+  std::unique_ptr<StagedDispatch> staged_dispatch_;  // with staging_
 
   mutable SharedMutex opened_mu_;
   std::unordered_map<SegmentHandle, std::shared_ptr<OpenedSegment>> opened_
@@ -268,77 +256,6 @@ OpenedSegment::Route Engine::MakeRoute(Transport* transport, const SegmentDescri
     route.staged_counters = route.counters;
   }
   return route;
-}
-
-void Engine::Dispatch(Transport* transport, RemoteSegment& remote, std::span<Slice* const> slices) {
-  if (staging_ == nullptr || transport == device_transport_) {
-    transport->Submit(remote, slices, this);
-    return;
-  }
-  size_t staged = 0;
-  for (Slice* s : slices) staged += s->local_device ? 1 : 0;
-  if (staged == 0) {
-    transport->Submit(remote, slices, this);
-    return;
-  }
-  std::vector<Slice*> direct;
-  direct.reserve(slices.size() - staged);
-  for (Slice* s : slices) {
-    if (s->local_device) {
-      StageSlice(transport, remote, s);
-    } else {
-      direct.push_back(s);
-    }
-  }
-  if (!direct.empty()) transport->Submit(remote, direct, this);
-}
-
-// Reads land in the pinned buffer and are copied to the device after the route reports; writes
-// are copied to the buffer on a copy thread first, so that one slice's device copy runs beside
-// another's network transfer. A pool with no free buffer queues the slice (back-pressure).
-void Engine::StageSlice(Transport* transport, RemoteSegment& remote, Slice* slice) {
-  auto* staged = new StagedSlice(this, transport, &remote, slice);
-  staging_->AcquireAsync(
-      DeviceStaging::Pool::kInitiate, copy_pool_.get(),
-      [this, staged](Result<DeviceStaging::Buffer> buffer) {
-        Slice* s = staged->slice;
-        if (!buffer.ok()) return EndStaged(staged, buffer.status());
-        if (Clock::now() >= s->deadline) {
-          return EndStaged(
-              staged, DeadlineExceededError("the request's deadline passed while it waited for a "
-                                            "pinned staging buffer"));
-        }
-        staged->buffer = std::move(buffer).value();
-        if (s->op == TransferOp::kRead) {
-          s->local = staged->buffer.data();
-          Slice* one[1] = {s};
-          staged->transport->Submit(*staged->remote, one, staged);
-          return;
-        }
-        copy_pool_->Schedule([this, staged] {
-          Slice* w = staged->slice;
-          Status copied = staging_->ToHost(staged->buffer.data(), staged->device, w->length);
-          if (!copied.ok()) return EndStaged(staged, copied);
-          w->local = staged->buffer.data();
-          Slice* one[1] = {w};
-          staged->transport->Submit(*staged->remote, one, staged);
-        });
-      });
-}
-
-// A read's bytes go to the device on the thread that received them, while they are in its cache.
-void Engine::StagedSlice::OnSliceDone(Slice* done, Status status) {
-  if (status.ok() && done->op == TransferOp::kRead) {
-    status = engine->staging_->ToDevice(device, buffer.data(), slice->length);
-  }
-  engine->EndStaged(this, std::move(status));
-}
-
-void Engine::EndStaged(StagedSlice* staged, Status status) {
-  Slice* slice = staged->slice;
-  slice->local = staged->device;
-  delete staged;  // its buffer goes back to the pool
-  OnSliceDone(slice, std::move(status));
 }
 
 PeerCounters* Engine::CountersFor(const SegmentDescriptor& descriptor, RouteKind route) {
@@ -440,6 +357,8 @@ Status Engine::Init() {
       device_transport_ = t.get();
       staging_ = staging;
       context_.device_staging = staging;
+      staged_dispatch_ =
+          std::make_unique<StagedDispatch>(staging, device_transport_, copy_pool_.get(), this);
     }
   }
   check_local_registration_ = options_.require_local_registration;

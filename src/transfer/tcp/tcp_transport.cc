@@ -135,12 +135,7 @@ bool ServeDeviceWrite(const SegmentExports& exports, DeviceStaging& staging, Fra
   }
   if (!received) return false;
   if (!outcome.ok()) return conn.SendError(h.request_id, outcome).ok();
-  FrameHeader reply;
-  reply.type = FrameType::kWriteReply;
-  reply.request_id = h.request_id;
-  uint8_t out[wire::kFrameHeaderSize];
-  EncodeHeader(reply, out);
-  return stream.SendAll(out, sizeof(out), FrameDeadline()).ok();
+  return conn.SendReply(FrameType::kWriteReply, h.request_id, {}).ok();
 }
 
 bool ServeRead(const SegmentExports& exports, DeviceStaging* staging, FrameConnection& conn,
@@ -184,12 +179,7 @@ bool ServeWrite(const SegmentExports& exports, DeviceStaging* staging, FrameConn
     return conn.SendError(h.request_id, access).ok();
   }
   if (!recv_status.ok()) return false;
-  FrameHeader reply;
-  reply.type = FrameType::kWriteReply;
-  reply.request_id = h.request_id;
-  uint8_t out[wire::kFrameHeaderSize];
-  EncodeHeader(reply, out);
-  return stream.SendAll(out, sizeof(out), FrameDeadline()).ok();
+  return conn.SendReply(FrameType::kWriteReply, h.request_id, {}).ok();
 }
 
 // The connection pools to one peer engine: one per traffic class.
