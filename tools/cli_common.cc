@@ -7,7 +7,7 @@
 #include <sstream>
 #include <utility>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "common/logging.h"
 
@@ -84,7 +84,7 @@ void ApplyLogLevel(const ServiceFlags& flags) {
 
 void WaitForShutdown(const ServiceFlags& flags) {
   if (flags.parent_watch) {
-    bench::WaitForParentOrSignal();
+    WaitForParentOrSignal();
     return;
   }
   sigset_t set;

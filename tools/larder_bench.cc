@@ -26,7 +26,6 @@
 #include "bench/master_bench.h"
 #include "bench/mount_bench.h"
 #include "bench/mount_worker.h"
-#include "bench/process.h"
 #include "bench/registration_bench.h"
 #include "bench/replay_bench.h"
 #include "bench/replay_trace.h"
@@ -36,6 +35,7 @@
 #include "bench/store_worker.h"
 #include "bench/target.h"
 #include "bench/transfer_bench.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "larder/version.h"
 #include "transfer/transport_registry.h"
@@ -69,7 +69,7 @@ CLI::Validator StoreProtocol() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  larder::bench::BlockTerminationSignals();
+  larder::BlockTerminationSignals();
   CLI::App app{"larder-bench: Larder benchmarks (numbers, not pass/fail)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("larder-bench ") + larder::Version(),

@@ -7,14 +7,14 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "bench/process.h"
 #include "cli_common.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "larder/version.h"
 #include "standalone/daemon.h"
 
 int main(int argc, char** argv) {
-  larder::bench::BlockTerminationSignals();
+  larder::BlockTerminationSignals();
   CLI::App app{
       "larder-client: the per-host standalone Larder daemon. It contributes this host's global\n"
       "segment to the store, talks to larder-master and heartbeats, and serves processes of this\n"
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
             << (*daemon)->segment_name() << "' ("
             << larder::FormatByteSize(options.store.global_segment_size) << ") on master "
             << options.store.master_address << "\n";
-  larder::bench::AnnounceReady((*daemon)->socket_address() + " " + (*daemon)->segment_name());
+  larder::AnnounceReady((*daemon)->socket_address() + " " + (*daemon)->segment_name());
   larder::cli::WaitForShutdown(service);
   std::cerr << "larder-client: shutting down\n";
   (*daemon)->Stop();

@@ -7,14 +7,14 @@
 #include <iostream>
 
 #include "bench/demo.h"
-#include "bench/process.h"
 #include "bench/store_demo.h"
 #include "bench/store_worker.h"
 #include "bench/target.h"
+#include "common/child_process.h"
 #include "larder/version.h"
 
 int main(int argc, char** argv) {
-  larder::bench::BlockTerminationSignals();
+  larder::BlockTerminationSignals();
   CLI::App app{
       "larder-demo: a master and three processes on this host sharing KV pages through the store"};
   app.set_version_flag("--version", std::string("larder-demo ") + larder::Version(),

@@ -11,8 +11,8 @@
 #include <iostream>
 #include <thread>
 
-#include "bench/process.h"
 #include "cli_common.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "etcd/etcd_client.h"
@@ -30,7 +30,7 @@ std::chrono::milliseconds ToDuration(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  larder::bench::BlockTerminationSignals();
+  larder::BlockTerminationSignals();
   CLI::App app{
       "larder-master: metadata service of the Larder store (object placement, leases, eviction,\n"
       "client liveness). Clients reach it over gRPC; operators over HTTP (the status page at /,\n"
@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
   }
   std::cerr << "larder-master: gRPC on " << (*server)->listen_host() << ":" << (*server)->port()
             << ", HTTP on " << (*server)->http_port() << "\n";
-  larder::bench::AnnounceReady((*server)->address() + " " + std::to_string((*server)->http_port()));
+  larder::AnnounceReady((*server)->address() + " " + std::to_string((*server)->http_port()));
   larder::cli::WaitForShutdown(service);
   std::cerr << "larder-master: shutting down\n";
   (*server)->Shutdown();

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "larder/export.h"
+#include "larder/soft_pin.h"
 #include "larder/status.h"
 #include "larder/transfer_engine.h"
 
@@ -108,13 +109,6 @@ struct LARDER_EXPORT StoreClientOptions {
   // is left empty, so the engine resolves LARDER_STORE_PROTOCOL / LARDER_PROTOCOL itself. Errors:
   // InvalidArgument naming the variable that does not parse.
   static Result<StoreClientOptions> FromEnvironment();
-};
-
-// What a put does to the soft pin of its object, applied when the object becomes readable.
-enum class SoftPinAction : uint8_t {
-  kPreserve = 0,  // an overwritten key keeps its soft pin (and deadline); a new key gets none
-  kEnable = 1,    // soft-pinned until now + PutConfig::soft_pin_ttl (the master's default if unset)
-  kDisable = 2,   // not soft-pinned
 };
 
 // Per-put placement settings.

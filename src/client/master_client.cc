@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/control_auth.h"
+#include "common/grpc_process.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/proto_mac.h"
@@ -110,6 +111,7 @@ std::shared_ptr<const MasterClient::Connection> MasterClient::Connect(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  PrepareGrpcRuntime();
   auto connection = std::make_shared<Connection>();
   connection->address = address;
   connection->channel = grpc::CreateCustomChannel(address, credentials_, args);
@@ -157,6 +159,25 @@ bool MasterClient::FollowLeader(const Connection& stale) const {
 bool MasterClient::IsUnknownSession(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
          ErrorDetailFromWire(status.error_details()) == ErrorDetail::kUnknownSession;
+}
+
+bool MasterClient::AwaitReconnect(std::chrono::milliseconds bound) const {
+  Result<std::shared_ptr<const Connection>> connection = CurrentConnection();
+  if (!connection.ok()) return false;
+  grpc::Channel& channel = *(*connection)->channel;
+  const auto deadline = std::chrono::system_clock::now() + bound;
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  // A failure already seen is not the outcome waited for: wait for the next attempt to start.
+  if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+    if (!channel.WaitForStateChange(state, deadline)) return false;
+    state = channel.GetState(true);
+  }
+  while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+         state != GRPC_CHANNEL_SHUTDOWN) {
+    if (!channel.WaitForStateChange(state, deadline)) return false;
+    state = channel.GetState(true);
+  }
+  return state == GRPC_CHANNEL_READY;
 }
 
 bool MasterClient::IsUnreachable(const grpc::Status& status) {

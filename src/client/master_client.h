@@ -96,6 +96,12 @@ class MasterClient {
     }
   }
 
+  // After a call found the master unreachable: waits until the channel's next connection attempt
+  // has an outcome (gRPC retries with a backoff of 100 ms growing to 1 s), at most `bound`. True
+  // when the channel is connected then, so that a call repeated now can reach the master (a master
+  // restarted on its address is found as soon as it listens, not after a fixed pause).
+  bool AwaitReconnect(std::chrono::milliseconds bound) const;
+
  private:
   struct Session {
     uint64_t id = 0;

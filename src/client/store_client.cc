@@ -2,9 +2,9 @@
 #include "larder/store_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <map>
-#include <thread>
 #include <unordered_map>
 
 #include "client/lease_releaser.h"
@@ -21,6 +21,12 @@ namespace larder {
 
 namespace {
 
+// The wire's soft-pin actions are the API's (larder/soft_pin.h).
+static_assert(static_cast<int>(SoftPinAction::kPreserve) == proto::SOFT_PIN_PRESERVE);
+static_assert(static_cast<int>(SoftPinAction::kEnable) == proto::SOFT_PIN_ENABLE);
+static_assert(static_cast<int>(SoftPinAction::kDisable) == proto::SOFT_PIN_DISABLE);
+static_assert(static_cast<int>(kLastSoftPinAction) == proto::SoftPinAction_MAX);
+
 using client::AddTrafficReport;
 using client::BatchTooLarge;
 using client::CheckPutStartReply;
@@ -28,7 +34,6 @@ using client::CheckReplicaColumns;
 using client::Fragment;
 using client::FromItemStatus;
 using client::ItemStatuses;
-using client::kMaxBatch;
 using client::MasterClient;
 using client::ObjectInfos;
 using client::ScopedKey;
@@ -533,11 +538,14 @@ class StoreClientImpl final : public StoreClient {
     Status status = master_.Call(name, method, *request, reply);
     if (status.code() == StatusCode::kUnavailable) {
       // A broken connection (e.g. the master restarted) fails the first call on it; every call
-      // is safe to repeat, so try once more on a fresh connection.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // is safe to repeat, so once more when the channel has tried to connect again. Only the
+      // first failure after the master answered waits for that: with the master down, calls
+      // fail at once.
+      if (master_answered_.exchange(false)) master_.AwaitReconnect(kReconnectWait);
       reply->Clear();
       status = master_.Call(name, method, *request, reply);
     }
+    if (status.code() != StatusCode::kUnavailable) master_answered_.store(true);
     // Only a master that does not know this client asks for a mount; any other
     // FailedPrecondition stands.
     if (status.detail() != ErrorDetail::kRemountRequired) return status;
@@ -678,7 +686,7 @@ class StoreClientImpl final : public StoreClient {
                               const PutConfig& config) {
     std::vector<Status> results(keys.size());
     if (keys.empty()) return results;
-    if (keys.size() > kMaxBatch)
+    if (keys.size() > kMaxBatchKeys)
       return std::vector<Status>(keys.size(), BatchTooLarge(keys.size()));
     std::vector<uint64_t> sizes(keys.size(), 0);
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -938,6 +946,10 @@ class StoreClientImpl final : public StoreClient {
   const StoreClientOptions options_;
   std::unique_ptr<TransferEngine> engine_;
   MasterClient master_;
+  // The last call reached the master (or none was made yet): the next Unavailable is likely a
+  // broken connection worth waiting out (Rpc).
+  std::atomic<bool> master_answered_{true};
+  static constexpr std::chrono::milliseconds kReconnectWait{2000};
   std::shared_ptr<MemoryRegion> segment_memory_;
   SegmentId local_segment_ = 0;
   std::string segment_name_;

@@ -9,7 +9,7 @@ namespace larder::client {
 
 Status BatchTooLarge(size_t items) {
   return InvalidArgumentError("a batch of " + std::to_string(items) +
-                              " keys exceeds the maximum of " + std::to_string(kMaxBatch) +
+                              " keys exceeds the maximum of " + std::to_string(kMaxBatchKeys) +
                               "; split it");
 }
 

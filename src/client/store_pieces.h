@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "client/master_client.h"
+#include "common/limits.h"
 #include "larder/status.h"
 #include "larder/store_client.h"
 #include "larder/transfer_engine.h"
@@ -21,10 +22,8 @@
 
 namespace larder::client {
 
-// Largest batch of one call: the master's limit (kMaxBatchItems) and the engine's default
-// max_batch_requests. A put past it is refused before the master allocates anything for it.
-constexpr size_t kMaxBatch = 65536;
-
+// Refusal of a batch past kMaxBatchKeys (common/limits.h, also the engine's default
+// max_batch_requests): a put past it is refused before the master allocates anything for it.
 Status BatchTooLarge(size_t items);
 
 // The key the master stores for `key` of `tenant`: tenants' keys are "\0" + tenant + "\0" + key,

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/grpc_process.h"
 #include "common/mutex.h"
 #include "etcd_rpc.grpc.pb.h"
 
@@ -228,6 +229,7 @@ class GrpcEtcdClient final : public EtcdClient {
     // (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS also bounds each connection attempt).
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    PrepareGrpcRuntime();
     for (const std::string& endpoint : options_.endpoints) {
       auto member = std::make_unique<Member>();
       member->endpoint = endpoint;

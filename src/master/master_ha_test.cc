@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "etcd/etcd_test_server.h"
 #include "master.grpc.pb.h"
 #include "master/master_server.h"
@@ -171,12 +171,12 @@ TEST_F(MasterHaTest, ProcessesTheStandbyReplacesAKilledLeader) {
   for (const std::string& flag : HaFlags()) argv.push_back(flag);
 
   struct Master {
-    bench::ChildProcess process;
+    ChildProcess process;
     std::string address;
     int http_port = -1;
   };
   auto spawn = [&]() -> Master {
-    auto child = bench::ChildProcess::Spawn(argv, {}, seconds(30));
+    auto child = ChildProcess::Spawn(argv, {}, seconds(30));
     EXPECT_TRUE(child.ok()) << child.status();
     if (!child.ok()) return {};
     Master master;
@@ -215,7 +215,7 @@ TEST_F(MasterHaTest, ProcessesALeaderCutOffFromEtcdExitsWithStatus3) {
   std::vector<std::string> argv = {binary, "--host",      "127.0.0.1", "--port",
                                    "0",    "--http-port", "0",         "--parent-watch"};
   for (const std::string& flag : HaFlags()) argv.push_back(flag);
-  auto child = bench::ChildProcess::Spawn(argv, {}, seconds(30));
+  auto child = ChildProcess::Spawn(argv, {}, seconds(30));
   ASSERT_TRUE(child.ok()) << child.status();
   const std::string& ready = child->address();
   const int http_port = std::stoi(ready.substr(ready.find(' ') + 1));

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/grpc_process.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -198,6 +199,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
   if (with_etcd) impl->gate = std::make_unique<DeferredGate>(options.cluster_id);
   impl->service = NewMasterService(impl->state.get(), impl->sessions.get(), impl->gate.get());
 
+  PrepareGrpcRuntime();
   grpc::ServerBuilder builder;
   std::string address = options.listen_host + ":" + std::to_string(options.port);
   builder.AddListeningPort(address, credentials, &impl->port);

@@ -127,9 +127,9 @@ Status MasterState::ValidateKey(std::string_view key) const {
 }
 
 Status CheckBatchSize(size_t items, const char* what) {
-  if (items <= kMaxBatchItems) return Status::Ok();
+  if (items <= kMaxBatchKeys) return Status::Ok();
   return InvalidArgumentError("a batch of " + std::to_string(items) + " " + what +
-                              " exceeds the maximum of " + std::to_string(kMaxBatchItems));
+                              " exceeds the maximum of " + std::to_string(kMaxBatchKeys));
 }
 
 Status ValidateTenant(std::string_view tenant) {

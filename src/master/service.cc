@@ -235,7 +235,7 @@ class MasterService final : public proto::Master::Service {
   // unknown client's are dropped with it, and expire at their TTL).
   void ReleaseCarried(const std::string& client_id,
                       const google::protobuf::RepeatedField<uint64_t>& ids) {
-    if (ids.empty() || static_cast<size_t>(ids.size()) > kMaxBatchItems) return;
+    if (ids.empty() || static_cast<size_t>(ids.size()) > kMaxBatchKeys) return;
     state_->ReleaseLeases(client_id, std::span(ids.data(), static_cast<size_t>(ids.size())))
         .status()
         .IgnoreError();
@@ -382,8 +382,13 @@ class MasterService final : public proto::Master::Service {
     options.avoid_segments.assign(request->avoid_segments().begin(),
                                   request->avoid_segments().begin() + avoid);
     options.pin = request->pin();
-    // Any other value, as the proto's enums are open, is refused by the state as unknown.
-    options.soft_pin_action = static_cast<SoftPinAction>(request->soft_pin_action());
+    // The proto's enums are open: a value past the last action the state refuses as unknown, one
+    // that is not even a byte here.
+    const int32_t action = request->soft_pin_action();
+    if (action < 0 || action > UINT8_MAX) {
+      return ToGrpc(InvalidArgumentError("unknown soft-pin action " + std::to_string(action)));
+    }
+    options.soft_pin_action = static_cast<SoftPinAction>(action);
     if (request->has_soft_pin_ttl_ms()) {
       // Clamped, not wrapped: any TTL this large is past the maximum and refused.
       options.soft_pin_ttl = std::chrono::milliseconds(

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/limits.h"
+#include "larder/soft_pin.h"
 #include "larder/status.h"
 
 namespace larder::master {
@@ -192,14 +194,6 @@ struct ReplicaLocation {
 // Most replicas one object may have.
 inline constexpr uint32_t kMaxReplicas = 64;
 
-// What a put does to its object's soft pin, when the put ends (BatchPutEnd). Values as
-// proto::SoftPinAction; any other value is refused (InvalidArgument).
-enum class SoftPinAction : int32_t {
-  kPreserve = 0,  // an upsert keeps the replaced object's deadline; a new key gets no soft pin
-  kEnable = 1,    // soft-pinned until the put's end + the TTL
-  kDisable = 2,   // no soft pin
-};
-
 struct PutOptions {
   uint32_t replica_num = 1;                     // 1..kMaxReplicas
   std::vector<std::string> preferred_segments;  // names, tried in order before the strategy
@@ -280,8 +274,7 @@ inline constexpr size_t kMaxTrafficEntries = 1024;
 inline constexpr size_t kMaxTrafficLabelBytes = 256;
 
 // Bounds on what one request may ask, checked before any work is done for it.
-inline constexpr size_t kMaxBatchItems = 65536;  // keys, put items or lease ids of one call
-inline constexpr size_t kMaxNameBytes = 256;     // client ids, host ids, segment names
+inline constexpr size_t kMaxNameBytes = 256;  // client ids, host ids, segment names
 inline constexpr size_t kMaxDescriptorBytes = 64 * 1024;
 inline constexpr size_t kMaxSegmentsPerMount = 64;  // also catalog acks of one SyncCatalog
 inline constexpr size_t kMaxPreferredSegments = 64;
@@ -292,7 +285,7 @@ inline constexpr uint64_t kMaxPoolBytes = 1ULL << 60;
 // A key as errors quote it: at most its first 64 bytes, with anything that is not printable
 // ASCII escaped as \xNN, in quotes, and its length when it was cut: 'abc'... (70000 bytes).
 std::string QuoteKey(std::string_view key);
-// InvalidArgument when a call carries more than kMaxBatchItems `what`s.
+// InvalidArgument when a call carries more than kMaxBatchKeys `what`s.
 Status CheckBatchSize(size_t items, const char* what);
 
 // Tenants are key namespaces: the keys of tenant T (non-empty) are "\0" + T + "\0" + key; the

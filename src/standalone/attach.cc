@@ -93,7 +93,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
                                      std::to_string(standalone::kProtocolVersion));
     }
     hello_.max_frame_bytes = std::min(hello_.max_frame_bytes, standalone::kMaxFrameBytes);
-    hello_.max_batch_keys = std::min(hello_.max_batch_keys, standalone::kMaxBatchKeys);
+    hello_.max_batch_keys = std::min(hello_.max_batch_keys, kMaxBatchKeys);
     TransferEngineOptions engine;
     engine.protocol = "local";
     LARDER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(engine));

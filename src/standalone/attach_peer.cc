@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "larder/standalone.h"
 #include "standalone/standalone_testing.h"
 
@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     std::cerr << "larder-attach-peer: " << store.status() << "\n";
     return 1;
   }
-  larder::bench::AnnounceReady((*store)->segment_name());
+  larder::AnnounceReady((*store)->segment_name());
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream words(line);

@@ -214,7 +214,7 @@ larder::PutConfig WireReader::PutConfig() {
   }
   config.pin = Bool("pin");
   uint8_t action = U8();
-  if (action > static_cast<uint8_t>(SoftPinAction::kDisable)) {
+  if (action > static_cast<uint8_t>(kLastSoftPinAction)) {
     Fail("unknown soft pin action " + std::to_string(action));
   }
   config.soft_pin_action = static_cast<SoftPinAction>(action);

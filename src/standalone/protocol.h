@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/limits.h"
 #include "larder/status.h"
 #include "larder/store_client.h"
 
@@ -32,7 +33,6 @@ inline constexpr uint32_t kProtocolVersion = 4;
 
 // Limits both ends enforce; the daemon announces them in its Hello reply.
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;  // payload of one frame
-inline constexpr uint32_t kMaxBatchKeys = 65536;       // keys (or ranges) of one request
 inline constexpr uint32_t kMaxKeyBytes = 65535;        // the master's own ceiling
 inline constexpr uint32_t kMaxSlicesPerKey = 65536;
 inline constexpr uint32_t kMaxSlicesPerBatch = 1u << 20;

@@ -316,8 +316,8 @@ TEST_F(StandaloneTest, AClientThatExitsOrCrashesLosesNoCache) {
   const size_t kSize = 100000;
   for (const char* how : {"exit", "crash", "kill"}) {
     SCOPED_TRACE(how);
-    auto peer = bench::ChildProcess::Spawn(
-        {testing::Bin("larder-attach-peer"), suite_.daemon().socket}, {}, 30s);
+    auto peer =
+        ChildProcess::Spawn({testing::Bin("larder-attach-peer"), suite_.daemon().socket}, {}, 30s);
     ASSERT_TRUE(peer.ok()) << peer.status();
     EXPECT_EQ(peer->address(), suite_.daemon().segment);
     const std::string prefix = Key(how);

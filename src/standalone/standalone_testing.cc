@@ -19,10 +19,10 @@ std::string Bin(const std::string& name) {
 
 Result<MasterProcess> StartMaster() {
   LARDER_ASSIGN_OR_RETURN(
-      bench::ChildProcess child,
-      bench::ChildProcess::Spawn({Bin("larder-master"), "--host", "127.0.0.1", "--port", "0",
-                                  "--http-port", "-1", "--parent-watch"},
-                                 {}, std::chrono::seconds(60)));
+      ChildProcess child,
+      ChildProcess::Spawn({Bin("larder-master"), "--host", "127.0.0.1", "--port", "0",
+                           "--http-port", "-1", "--parent-watch"},
+                          {}, std::chrono::seconds(60)));
   MasterProcess master;
   master.address = child.address().substr(0, child.address().find(' '));
   master.process = std::move(child);
@@ -35,8 +35,8 @@ Result<DaemonProcess> StartDaemon(const std::string& master, const std::string& 
       Bin("larder-client"), "--master", master,          "--segment-size", "64M",
       "--socket",           socket,     "--parent-watch"};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  LARDER_ASSIGN_OR_RETURN(bench::ChildProcess child,
-                          bench::ChildProcess::Spawn(argv, {}, std::chrono::seconds(60)));
+  LARDER_ASSIGN_OR_RETURN(ChildProcess child,
+                          ChildProcess::Spawn(argv, {}, std::chrono::seconds(60)));
   DaemonProcess daemon;
   const std::string& announced = child.address();
   daemon.socket = announced.substr(0, announced.find(' '));

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "common/net.h"
 #include "larder/standalone.h"
 #include "larder/status.h"
@@ -25,13 +25,13 @@ namespace larder::standalone::testing {
 std::string Bin(const std::string& name);
 
 struct MasterProcess {
-  bench::ChildProcess process;
+  ChildProcess process;
   std::string address;  // ip:port
 };
 Result<MasterProcess> StartMaster();
 
 struct DaemonProcess {
-  bench::ChildProcess process;
+  ChildProcess process;
   std::string socket;   // as the daemon announced it
   std::string segment;  // its segment's name
 };

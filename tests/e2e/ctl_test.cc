@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "larder/store_client.h"
 #include "larder/version.h"
 
@@ -73,7 +73,7 @@ class CtlTest : public ::testing::Test {
     std::ofstream(dir_ / "cluster.token") << kClusterToken << "\n";
     std::ofstream(dir_ / "admin.token") << kAdminToken << "\n";
     std::ofstream(dir_ / "wrong.token") << "not-the-admin-token-0123456789\n";
-    auto master = bench::ChildProcess::Spawn(
+    auto master = ChildProcess::Spawn(
         {Bin("larder-master"), "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
          "--parent-watch", "--auth-token-file", (dir_ / "cluster.token").string(),
          "--admin-token-file", (dir_ / "admin.token").string()},
@@ -137,7 +137,7 @@ class CtlTest : public ::testing::Test {
   }
 
   fs::path dir_;
-  bench::ChildProcess master_;
+  ChildProcess master_;
   std::string address_, http_;
   std::unique_ptr<StoreClient> client_;
 };

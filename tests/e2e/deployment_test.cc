@@ -14,13 +14,12 @@
 #include <vector>
 
 #include "bench/netns.h"
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "transfer/device/device_transport.h"
 
 namespace larder {
 namespace {
 
-using bench::ChildProcess;
 using json = nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "larder/transfer_engine.h"
 #include "transfer/device/device_transport.h"
 
@@ -77,9 +77,9 @@ int Serve(const std::string& protocol, const std::string& name, uint64_t size,
     std::cerr << "serve: " << id.status() << "\n";
     return 1;
   }
-  larder::bench::AnnounceReady((*engine)->address());
+  larder::AnnounceReady((*engine)->address());
   if (print_host_id) std::cout << "HOST " << (*engine)->host_id() << std::endl;
-  larder::bench::WaitForParentOrSignal();
+  larder::WaitForParentOrSignal();
   return 0;
 }
 
@@ -115,7 +115,7 @@ int Probe(const std::string& target, const std::string& protocol, int uid) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  larder::bench::BlockTerminationSignals();
+  larder::BlockTerminationSignals();
   CLI::App app{"larder-e2e-peer: the other process of end-to-end tests"};
   app.require_subcommand(1);
   std::string protocol = "auto", name = "e2e", token, target;

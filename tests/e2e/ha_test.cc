@@ -19,14 +19,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "etcd/etcd_client.h"
 #include "etcd/etcd_test_server.h"
 
 namespace larder {
 namespace {
 
-using bench::ChildProcess;
 using json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;

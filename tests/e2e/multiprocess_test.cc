@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "larder/transfer_engine.h"
 #include "transfer/device/emulated_device.h"
 #include "transfer/testing/test_util.h"
@@ -31,14 +31,13 @@ std::string PeerBinary() {
   return std::string(dir ? dir : ".") + "/larder-e2e-peer";
 }
 
-bench::ChildProcess SpawnPeer(std::vector<std::string> args,
-                              std::map<std::string, std::string> env = {}) {
+ChildProcess SpawnPeer(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
   std::vector<std::string> argv = {PeerBinary(), "serve"};
   argv.insert(argv.end(), args.begin(), args.end());
   env.emplace("LARDER_LOG_LEVEL", "error");
-  auto child = bench::ChildProcess::Spawn(argv, env, 60s);
+  auto child = ChildProcess::Spawn(argv, env, 60s);
   EXPECT_TRUE(child.ok()) << child.status();
-  return child.ok() ? std::move(child).value() : bench::ChildProcess();
+  return child.ok() ? std::move(child).value() : ChildProcess();
 }
 
 std::unique_ptr<TransferEngine> MakeEngine(const std::string& protocol,
@@ -429,10 +428,10 @@ TEST(MultiProcessTest, ProcessInAnotherNetworkNamespaceIsAnotherHost) {
   }
   // The peer gets a namespace of its own with only loopback; it cannot be reached from here at
   // all, so this checks the identity it announces rather than a transfer.
-  auto peer = bench::ChildProcess::Spawn(
-      {"/usr/bin/unshare", "--net", "/bin/sh", "-c",
-       "ip link set lo up && exec " + PeerBinary() + " serve --print-host-id"},
-      {{"LARDER_LOG_LEVEL", "error"}}, 60s);
+  auto peer =
+      ChildProcess::Spawn({"/usr/bin/unshare", "--net", "/bin/sh", "-c",
+                           "ip link set lo up && exec " + PeerBinary() + " serve --print-host-id"},
+                          {{"LARDER_LOG_LEVEL", "error"}}, 60s);
   ASSERT_TRUE(peer.ok()) << peer.status();
   auto host_line = peer->ReadLine(10s);
   ASSERT_TRUE(host_line.ok()) << host_line.status();

@@ -24,7 +24,7 @@
 #include <functional>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "larder/transfer_engine.h"
 
 namespace larder {
@@ -190,7 +190,7 @@ class ShmTrustTest : public ::testing::Test {
   }
 
   // Starts an owner (larder-e2e-peer serve) of RoleUid() exporting the patterned segment "e2e".
-  bench::ChildProcess StartOwner(NonDumpable mode) {
+  ChildProcess StartOwner(NonDumpable mode) {
     std::vector<std::string> argv = {PeerBinary(), "serve",          "--protocol",
                                      "auto",       "--segment-size", std::to_string(kSegmentBytes)};
     if (RoleUid() >= 0) {
@@ -201,9 +201,9 @@ class ShmTrustTest : public ::testing::Test {
     std::map<std::string, std::string> env = {
         {"LARDER_LOG_LEVEL", "error"},
         {"LARDER_NON_DUMPABLE", mode == NonDumpable::kEnvironment ? "1" : ""}};
-    auto child = bench::ChildProcess::Spawn(argv, env, 30s);
+    auto child = ChildProcess::Spawn(argv, env, 30s);
     EXPECT_TRUE(child.ok()) << child.status();
-    return child.ok() ? std::move(child).value() : bench::ChildProcess();
+    return child.ok() ? std::move(child).value() : ChildProcess();
   }
 };
 

@@ -12,14 +12,14 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bench/process.h"
 #include "client/master_client.h"
+#include "common/child_process.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder {
 namespace {
 
-using bench::ChildProcess;
+using larder::ChildProcess;
 using json = nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;

@@ -18,9 +18,9 @@
 #include <utility>
 
 #include "bench/netns.h"
-#include "bench/process.h"
 #include "bench/report.h"
 #include "bench/store_worker.h"
+#include "common/child_process.h"
 #include "larder/transfer_engine.h"
 
 namespace larder::bench {

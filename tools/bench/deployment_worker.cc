@@ -17,8 +17,8 @@
 #include <random>
 #include <thread>
 
-#include "bench/process.h"
 #include "bench/values.h"
+#include "common/child_process.h"
 #include "larder/store_client.h"
 #include "larder/transfer_engine.h"
 #include "transfer/device/device_transport.h"

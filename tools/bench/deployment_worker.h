@@ -1,7 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // The child processes of `larder-bench deployment` (see deployment_bench.h): a prefill on "host A"
-// and the decode on "host B". Both are spawned with bench::ChildProcess, announce
+// and the decode on "host B". Both are spawned with ChildProcess, announce
 //   READY {"name":..., "pd":"<ip:port of the PD engine>", ...}
 // print one JSON line of cumulative counters per second on stdout, take one JSON command per line
 // on stdin, and on {"cmd":"quit"} (or stdin EOF) print a last line with "final":true and exit.

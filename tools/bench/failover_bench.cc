@@ -23,9 +23,9 @@
 
 #include "bench/failover_probe.h"
 #include "bench/master_process.h"
-#include "bench/process.h"
 #include "bench/report.h"
 #include "client/master_client.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "etcd/etcd_client.h"
 #include "etcd/etcd_test_server.h"

@@ -17,9 +17,9 @@
 #include <random>
 #include <thread>
 
-#include "bench/process.h"
 #include "bench/report.h"
 #include "client/master_client.h"
+#include "common/child_process.h"
 #include "common/net.h"
 #include "master/master_state.h"
 #include "master/own_descriptor.h"

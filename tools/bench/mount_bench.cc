@@ -18,9 +18,9 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 
-#include "bench/process.h"
 #include "bench/report.h"
 #include "bench/store_worker.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "larder/status.h"
 #include "master/master_server.h"

@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "bench/process.h"
 #include "bench/store_worker.h"
 #include "bench/values.h"
+#include "common/child_process.h"
 #include "larder/store_client.h"
 
 namespace larder::bench {

@@ -20,10 +20,10 @@
 #include <thread>
 
 #include "bench/lru_sim.h"
-#include "bench/process.h"
 #include "bench/replay_plot.h"
 #include "bench/report.h"
 #include "bench/store_worker.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "master/master_server.h"
 

@@ -6,10 +6,10 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "bench/process.h"
 #include "bench/replay_trace.h"
 #include "bench/store_worker.h"
 #include "bench/values.h"
+#include "common/child_process.h"
 #include "larder/store_client.h"
 
 namespace larder::bench {

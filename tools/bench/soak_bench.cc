@@ -23,8 +23,8 @@
 
 #include "bench/failover_probe.h"
 #include "bench/master_process.h"
-#include "bench/process.h"
 #include "bench/report.h"
+#include "common/child_process.h"
 #include "common/env.h"
 
 namespace larder::bench {

@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "bench/process.h"
 #include "bench/report.h"
 #include "bench/store_worker.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "master/master_server.h"
 

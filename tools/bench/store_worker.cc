@@ -9,9 +9,9 @@
 #include <random>
 
 #include "bench/failover_probe.h"
-#include "bench/process.h"
 #include "bench/soak_load.h"
 #include "bench/values.h"
+#include "common/child_process.h"
 #include "common/env.h"
 #include "larder/store_client.h"
 #include "transfer/device/device_transport.h"

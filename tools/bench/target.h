@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "larder/status.h"
 
 namespace larder::bench {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "transfer/device/emulated_device.h"
 #include "transfer/testing/conformance.h"
 
@@ -20,7 +20,7 @@ namespace {
 
 // The owner process and this process's view of its memory.
 struct OwnerProcess {
-  bench::ChildProcess process;
+  ChildProcess process;
   transfer::EmulatedDevice viewer;
   void* base = nullptr;
   ~OwnerProcess() {
@@ -33,10 +33,10 @@ Result<ConformanceEngines> StartDeviceOwnerAndInitiator(TransferEngineOptions op
   const char* dir = std::getenv("LARDER_BIN_DIR");
   LARDER_ASSIGN_OR_RETURN(
       owner->process,
-      bench::ChildProcess::Spawn({std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve",
-                                  "--protocol", "device", "--device", "0", "--name", "conformance",
-                                  "--segment-size", std::to_string(kSegmentBytes)},
-                                 {{"LARDER_LOG_LEVEL", "error"}}, std::chrono::seconds(60)));
+      ChildProcess::Spawn({std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve", "--protocol",
+                           "device", "--device", "0", "--name", "conformance", "--segment-size",
+                           std::to_string(kSegmentBytes)},
+                          {{"LARDER_LOG_LEVEL", "error"}}, std::chrono::seconds(60)));
   // This thread's device (the emulator's current device is per thread, for every instance): the
   // initiator initializes on it when it first imports.
   LARDER_RETURN_IF_ERROR(owner->viewer.SetCurrentDevice(1));

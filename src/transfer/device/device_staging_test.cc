@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "transfer/device/device_transport.h"
 #include "transfer/device/emulated_device.h"
 #include "transfer/engine_internal.h"
@@ -337,7 +337,7 @@ TEST(DeviceStagingTest, RangesPastTheEndAndForgedDescriptorsAreRefusedByTheOwner
 TEST(DeviceStagingTest, AnOwnerKilledMidTransferFailsTheRequestsAndLeaksNoBuffer) {
   // The owner: a larder-e2e-peer serving a device segment over device,tcp as another host.
   const char* dir = std::getenv("LARDER_BIN_DIR");
-  auto peer = bench::ChildProcess::Spawn(
+  auto peer = ChildProcess::Spawn(
       {std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve", "--protocol", "device,tcp",
        "--device", "0", "--segment-size", std::to_string(64 * kMiB)},
       {{"LARDER_LOG_LEVEL", "error"}, {"LARDER_HOST_ID", "host-killed"}}, 60s);

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "transfer/testing/device_engine.h"
 #include "transfer/testing/test_util.h"
 
@@ -36,7 +36,7 @@ constexpr uint64_t kSegmentBytes = 16 * kMiB;
 uint8_t PatternByte(uint64_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 12)); }
 
 // A larder-e2e-peer exporting a device segment "e2e" of device `device`.
-bench::ChildProcess ServeDevice(int device, std::map<std::string, std::string> env = {}) {
+ChildProcess ServeDevice(int device, std::map<std::string, std::string> env = {}) {
   const char* dir = std::getenv("LARDER_BIN_DIR");
   std::vector<std::string> argv = {std::string(dir ? dir : ".") + "/larder-e2e-peer",
                                    "serve",
@@ -47,13 +47,13 @@ bench::ChildProcess ServeDevice(int device, std::map<std::string, std::string> e
                                    "--segment-size",
                                    std::to_string(kSegmentBytes)};
   env.emplace("LARDER_LOG_LEVEL", "error");
-  auto child = bench::ChildProcess::Spawn(argv, env, 60s);
+  auto child = ChildProcess::Spawn(argv, env, 60s);
   EXPECT_TRUE(child.ok()) << child.status();
-  return child.ok() ? std::move(child).value() : bench::ChildProcess();
+  return child.ok() ? std::move(child).value() : ChildProcess();
 }
 
 // Opens the peer's segment from a fresh thread bound to `device` (-1: none).
-Result<SegmentHandle> OpenFrom(TransferEngine& engine, const bench::ChildProcess& peer,
+Result<SegmentHandle> OpenFrom(TransferEngine& engine, const ChildProcess& peer,
                                EmulatedDevice& backend, int device) {
   return OnNewThread([&]() -> Result<SegmentHandle> {
     if (device >= 0) LARDER_RETURN_IF_ERROR(backend.SetCurrentDevice(device));
@@ -328,7 +328,7 @@ TEST(DeviceTransportIpcTest, PdAndStoreEnginesTakeTheirOwnProtocolsAcrossProcess
   testutil::ScopedEnv store_protocol("LARDER_STORE_PROTOCOL", "shm,tcp");
   auto device_peer = ServeDevice(0);
   const char* dir = std::getenv("LARDER_BIN_DIR");
-  auto host_peer = bench::ChildProcess::Spawn(
+  auto host_peer = ChildProcess::Spawn(
       {std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve", "--protocol", "shm,tcp"},
       {{"LARDER_LOG_LEVEL", "error"}}, 60s);
   ASSERT_TRUE(host_peer.ok()) << host_peer.status();

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "transfer/device/device_backend.h"
 #include "transfer/device/device_transport.h"
 #include "transfer/engine_internal.h"
@@ -77,21 +77,21 @@ class DeviceBackendConformanceTest : public ::testing::TestWithParam<DeviceBacke
   }
 
   // A larder-e2e-peer holding a patterned device segment "e2e" with this backend.
-  bench::ChildProcess ServeDeviceSegment() {
+  ChildProcess ServeDeviceSegment() {
     const char* dir = std::getenv("LARDER_BIN_DIR");
-    auto child = bench::ChildProcess::Spawn(
+    auto child = ChildProcess::Spawn(
         {std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve", "--protocol", "device",
          "--device", std::to_string(GetParam().exporter_device), "--segment-size",
          std::to_string(kPeerSegmentBytes)},
         {{"LARDER_LOG_LEVEL", "error"}, {"LARDER_DEVICE_BACKEND", GetParam().name}},
         std::chrono::seconds(60));
     EXPECT_TRUE(child.ok()) << child.status();
-    return child.ok() ? std::move(child).value() : bench::ChildProcess();
+    return child.ok() ? std::move(child).value() : ChildProcess();
   }
 
   // Starts a peer serving a device segment and an engine over the backend under test that opens
   // it (importing its handle on this thread's device).
-  Result<SegmentHandle> OpenPeerSegment(bench::ChildProcess* peer,
+  Result<SegmentHandle> OpenPeerSegment(ChildProcess* peer,
                                         std::unique_ptr<TransferEngine>* engine) {
     *peer = ServeDeviceSegment();
     if (peer->pid() <= 0) return UnavailableError("the peer did not start");
@@ -177,7 +177,7 @@ TEST_P(DeviceBackendConformanceTest, ExportsWholeAllocationsAndRefusesBadHandles
 // The device route over this backend: another process's device segment is imported on this
 // process's device, read and written through it, and unmapped when closed.
 TEST_P(DeviceBackendConformanceTest, AnotherProcessesDeviceSegmentMovesBytesBothWays) {
-  bench::ChildProcess peer;
+  ChildProcess peer;
   std::unique_ptr<TransferEngine> engine;
   Result<SegmentHandle> segment = OpenPeerSegment(&peer, &engine);
   ASSERT_TRUE(segment.ok()) << segment.status();
@@ -204,7 +204,7 @@ TEST_P(DeviceBackendConformanceTest, AnotherProcessesDeviceSegmentMovesBytesBoth
 
 // A handle whose exporter exited no longer opens, and the importer goes on.
 TEST_P(DeviceBackendConformanceTest, AHandleOfAnExporterThatExitedIsRefused) {
-  bench::ChildProcess peer;
+  ChildProcess peer;
   std::unique_ptr<TransferEngine> engine;
   Result<SegmentHandle> segment = OpenPeerSegment(&peer, &engine);
   ASSERT_TRUE(segment.ok()) << segment.status();
@@ -258,14 +258,14 @@ TEST_P(DeviceBackendConformanceTest, PinnedHostMemoryAndWaitedCopies) {
 // staging, and this side stages its own device buffers, over this backend on both ends.
 TEST_P(DeviceBackendConformanceTest, AnotherHostsDeviceSegmentOverTcpThroughStaging) {
   const char* dir = std::getenv("LARDER_BIN_DIR");
-  auto peer = bench::ChildProcess::Spawn(
-      {std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve", "--protocol", "device,tcp",
-       "--device", std::to_string(GetParam().exporter_device), "--segment-size",
-       std::to_string(kPeerSegmentBytes)},
-      {{"LARDER_LOG_LEVEL", "error"},
-       {"LARDER_DEVICE_BACKEND", GetParam().name},
-       {"LARDER_HOST_ID", "conformance-other-host"}},
-      std::chrono::seconds(60));
+  auto peer =
+      ChildProcess::Spawn({std::string(dir ? dir : ".") + "/larder-e2e-peer", "serve", "--protocol",
+                           "device,tcp", "--device", std::to_string(GetParam().exporter_device),
+                           "--segment-size", std::to_string(kPeerSegmentBytes)},
+                          {{"LARDER_LOG_LEVEL", "error"},
+                           {"LARDER_DEVICE_BACKEND", GetParam().name},
+                           {"LARDER_HOST_ID", "conformance-other-host"}},
+                          std::chrono::seconds(60));
   ASSERT_TRUE(peer.ok()) << peer.status();
   std::vector<std::unique_ptr<transfer::Transport>> transports;
   transports.push_back(transfer::CreateDeviceTransport(backend_));

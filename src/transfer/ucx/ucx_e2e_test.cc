@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/process.h"
+#include "common/child_process.h"
 #include "larder/transfer_engine.h"
 #include "transfer/testing/test_util.h"
 
@@ -43,13 +43,13 @@ std::string PeerBinary() {
 }
 
 // A peer on "another host" whose engine takes LARDER_PROTOCOL=ucx from its environment.
-bench::ChildProcess SpawnUcxPeer(const std::string& host_id, uint64_t size = 64ull << 20) {
-  auto child = bench::ChildProcess::Spawn(
+ChildProcess SpawnUcxPeer(const std::string& host_id, uint64_t size = 64ull << 20) {
+  auto child = ChildProcess::Spawn(
       {PeerBinary(), "serve", "--protocol", "", "--segment-size", std::to_string(size)},
       {{"LARDER_HOST_ID", host_id}, {"LARDER_PROTOCOL", "ucx"}, {"LARDER_LOG_LEVEL", "error"}},
       60s);
   EXPECT_TRUE(child.ok()) << child.status();
-  return child.ok() ? std::move(child).value() : bench::ChildProcess();
+  return child.ok() ? std::move(child).value() : ChildProcess();
 }
 
 std::unique_ptr<TransferEngine> MakeUcxEngine() {

@@ -1,7 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// Child processes for benchmarks, the demo and end-to-end tests: spawn a program, read the
-// address it announces ("READY <ip:port>" on stdout), and stop it.
+// Child processes, and the other side of them: a parent (a benchmark, the demo, an end-to-end
+// test) spawns a program and reads the address it announces ("READY <ip:port>" on stdout); the
+// services' mains announce it, and serve until their parent goes or a termination signal comes.
 #pragma once
 
 #include <sys/types.h>
@@ -13,7 +14,7 @@
 
 #include "larder/status.h"
 
-namespace larder::bench {
+namespace larder {
 
 // A running child. Its stdin is a pipe held by the parent: children serve until it closes, so
 // they never outlive a crashed parent. Destruction kills (SIGKILL) and reaps a child still running.
@@ -65,4 +66,4 @@ void BlockTerminationSignals();
 // REQUIRES: BlockTerminationSignals() ran before any thread was started.
 void WaitForParentOrSignal();
 
-}  // namespace larder::bench
+}  // namespace larder

@@ -1,5 +1,5 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
-#include "bench/process.h"
+#include "common/child_process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <thread>
 
-namespace larder::bench {
+namespace larder {
 
 ChildProcess::~ChildProcess() {
   if (pid_ > 0) Stop(std::chrono::milliseconds(0));
@@ -205,4 +205,4 @@ void WaitForParentOrSignal() {
   }
 }
 
-}  // namespace larder::bench
+}  // namespace larder
