@@ -11,8 +11,9 @@
 //           where UCX has an RDMA lane to the peer).
 //   tcp     anything else (or when forced): the owner's data server (its engine's address).
 //   device  device memory, through a registration-aware device transport: engines of one host
-//           (the owner's allocation imported by handle; see docs/devices.md). Device segments of
-//           other hosts are not reachable yet.
+//           (the owner's allocation imported by handle; see docs/devices.md). Device memory on
+//           other hosts, or where the device route cannot reach it, moves over tcp through pinned
+//           staging buffers on each side (route "tcp-staged" in the counters).
 //
 // Routes are transports, registered by name (transfer/transport_registry.h); each publishes how
 // it is reached in the segment descriptors. An engine's own address is its bootstrap service,
