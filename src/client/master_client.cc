@@ -167,7 +167,10 @@ bool MasterClient::AwaitReconnect(std::chrono::milliseconds bound) const {
   grpc::Channel& channel = *(*connection)->channel;
   const auto deadline = std::chrono::system_clock::now() + bound;
   grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
-  // A failure already seen is not the outcome waited for: wait for the next attempt to start.
+  // A failure already seen is not the outcome waited for. gRPC keeps a channel in
+  // TRANSIENT_FAILURE through its later attempts until one connects, so from there this waits
+  // until the channel is READY or the bound passes; from IDLE or CONNECTING, the first attempt's
+  // outcome ends the wait (a refused connection: at once).
   if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
     if (!channel.WaitForStateChange(state, deadline)) return false;
     state = channel.GetState(true);

@@ -96,8 +96,9 @@ class MasterClient {
     }
   }
 
-  // After a call found the master unreachable: waits until the channel's next connection attempt
-  // has an outcome (gRPC retries with a backoff of 100 ms growing to 1 s), at most `bound`. True
+  // After a call found the master unreachable: waits until the channel is connected again, or
+  // its next connection attempt fails (gRPC retries with a backoff of 100 ms growing to 1 s), at
+  // most `bound`. True
   // when the channel is connected then, so that a call repeated now can reach the master (a master
   // restarted on its address is found as soon as it listens, not after a fixed pause).
   bool AwaitReconnect(std::chrono::milliseconds bound) const;
