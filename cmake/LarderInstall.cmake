@@ -13,12 +13,12 @@ include(CMakePackageConfigHelpers)
 # too brings their dependencies (gRPC, OpenSSL, ...) and nothing of theirs: the objects define it.
 get_property(engine_objects GLOBAL PROPERTY LARDER_ENGINE_OBJECT_LIBRARIES)
 set(larder_objects "")
-foreach(library larder larder_client larder_standalone larder_common ${engine_objects})
+foreach(library larder_transfer larder_client larder_standalone larder_common ${engine_objects})
   list(APPEND larder_objects $<TARGET_OBJECTS:${library}>)
 endforeach()
 add_library(larder_shared SHARED src/liblarder.cc ${larder_objects})
 larder_target_defaults(larder_shared)
-target_link_libraries(larder_shared PRIVATE larder larder_client larder_standalone larder_common)
+target_link_libraries(larder_shared PRIVATE larder_transfer larder_client larder_standalone larder_common)
 # Versioned soname: liblarder.so.MAJOR.MINOR (an ABI may change between 0.x minors).
 # The version script keeps the dynamic symbol table to the larder namespace: template code of the
 # standard library instantiated inside (a deque's iterators, say) stays local, whichever compiler

@@ -20,21 +20,21 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "bench/deployment_bench.h"
-#include "bench/deployment_worker.h"
-#include "bench/failover_bench.h"
-#include "bench/master_bench.h"
-#include "bench/mount_bench.h"
-#include "bench/mount_worker.h"
-#include "bench/registration_bench.h"
-#include "bench/replay_bench.h"
-#include "bench/replay_trace.h"
-#include "bench/replay_worker.h"
-#include "bench/soak_bench.h"
-#include "bench/store_bench.h"
-#include "bench/store_worker.h"
-#include "bench/target.h"
-#include "bench/transfer_bench.h"
+#include "bench/common/target.h"
+#include "bench/deployment/deployment_bench.h"
+#include "bench/deployment/deployment_worker.h"
+#include "bench/failover/failover_bench.h"
+#include "bench/master/master_bench.h"
+#include "bench/mount/mount_bench.h"
+#include "bench/mount/mount_worker.h"
+#include "bench/registration/registration_bench.h"
+#include "bench/replay/replay_bench.h"
+#include "bench/replay/replay_trace.h"
+#include "bench/replay/replay_worker.h"
+#include "bench/soak/soak_bench.h"
+#include "bench/store/store_bench.h"
+#include "bench/store/store_worker.h"
+#include "bench/transfer/transfer_bench.h"
 #include "common/child_process.h"
 #include "common/env.h"
 #include "larder/version.h"
@@ -443,10 +443,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fo->add_option("--master-binary", failover.master_binary,
                  "larder-master to run (default: the one beside larder-bench)");
-  fo->add_flag("--json", failover.json,
-               "one JSON object (mode, objects, readable_fraction, wrong_bytes, resume_put_s, "
-               "resume_get_s, rebuild_s, client_errors, steady_put_ops, steady_get_ops, ...; "
-               "tools/bench/failover_bench.h) instead of a table; progress goes to stderr");
+  fo->add_flag(
+      "--json", failover.json,
+      "one JSON object (mode, objects, readable_fraction, wrong_bytes, resume_put_s, "
+      "resume_get_s, rebuild_s, client_errors, steady_put_ops, steady_get_ops, ...; "
+      "tools/bench/failover/failover_bench.h) instead of a table; progress goes to stderr");
 
   larder::bench::SoakBenchOptions soak;
   std::string soak_faults = "client_kill,master_restart,master_pause,peer_stall";
@@ -518,7 +519,7 @@ int main(int argc, char** argv) {
   so->add_flag("--json", soak.json,
                "one JSON object (duration_s, ops, faults_injected, wrong_bytes, "
                "unexpected_errors, expected_errors, rss_growth_bytes, fd_growth, ...; "
-               "tools/bench/soak_bench.h) instead of a table; progress goes to stderr");
+               "tools/bench/soak/soak_bench.h) instead of a table; progress goes to stderr");
 
   bool deployment_worker_json = false;  // the deployment workers always print JSON
   larder::bench::DeploymentPrefillOptions deployment_prefill;

@@ -6,10 +6,10 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "bench/demo.h"
-#include "bench/store_demo.h"
-#include "bench/store_worker.h"
-#include "bench/target.h"
+#include "bench/common/target.h"
+#include "bench/demo/demo.h"
+#include "bench/demo/store_demo.h"
+#include "bench/store/store_worker.h"
 #include "common/child_process.h"
 #include "larder/version.h"
 

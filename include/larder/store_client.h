@@ -171,6 +171,10 @@ struct LARDER_EXPORT RemoveScope {
   Status Validate() const;
 };
 
+// The calls that implementations differ in are the virtual ones, batch forms all; each single-key
+// form is the batch form of one key (store_client_forms.cc), so it behaves exactly as that.
+// Implementations: the store client of this process (Create), a process attached to larder-client
+// (AttachStoreClient, standalone.h); each passes the StoreClient conformance suite.
 class LARDER_EXPORT StoreClient {
  public:
   // Creates the store engine, allocates and mounts the global segment, and starts heartbeats.
@@ -194,11 +198,10 @@ class LARDER_EXPORT StoreClient {
   // Errors: InvalidArgument (empty or oversize key, empty value, value larger than any segment),
   // ResourceExhausted (no space and nothing evictable), Unavailable (master or peer unreachable;
   // retry), and transfer errors.
-  virtual Status Put(std::string_view key, std::span<const std::byte> value,
-                     const PutConfig& config = {}) = 0;
+  Status Put(std::string_view key, std::span<const std::byte> value, const PutConfig& config = {});
   // The value of `key`. Errors: NotFound, Unavailable (being written, lease expired, or
   // unreachable).
-  virtual Result<std::string> Get(std::string_view key) = 0;
+  Result<std::string> Get(std::string_view key);
   // One master RPC and one transfer batch for all keys. Results are in the order of `keys`.
   // REQUIRES: keys.size() == values.size().
   virtual std::vector<Status> BatchPut(std::span<const std::string> keys,
@@ -215,11 +218,10 @@ class LARDER_EXPORT StoreClient {
   virtual Status UnregisterBuffer(void* ptr) = 0;
   // Stores the `size` bytes at `ptr`. REQUIRES: the range lies in a registered buffer and stays
   // unchanged until the call returns. Errors as Put, plus FailedPrecondition (not registered).
-  virtual Status PutFrom(std::string_view key, const void* ptr, size_t size,
-                         const PutConfig& config = {}) = 0;
+  Status PutFrom(std::string_view key, const void* ptr, size_t size, const PutConfig& config = {});
   // Copies the value of `key` into [ptr, ptr + capacity) and returns its size. Errors as Get, plus
   // FailedPrecondition (not registered) and InvalidArgument (capacity smaller than the value).
-  virtual Result<size_t> GetInto(std::string_view key, void* ptr, size_t capacity) = 0;
+  Result<size_t> GetInto(std::string_view key, void* ptr, size_t capacity);
   // REQUIRES: keys, ptrs and sizes have the same length.
   virtual std::vector<Status> BatchPutFrom(std::span<const std::string> keys,
                                            std::span<void* const> ptrs,
@@ -252,15 +254,15 @@ class LARDER_EXPORT StoreClient {
   // ---- metadata ----
 
   // True when the object is stored and complete. Takes no lease.
-  virtual Result<bool> Exist(std::string_view key) = 0;
+  Result<bool> Exist(std::string_view key);
   virtual std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) = 0;
   // The value's size in bytes. Takes no lease. Errors: NotFound.
   virtual Result<uint64_t> GetSize(std::string_view key) = 0;
   // Errors: NotFound, Unavailable (leased by a reader or being written: retry later). With
   // `force`, a leased object is removed too (readers holding it finish reading the old bytes).
-  virtual Status Remove(std::string_view key, bool force = false) = 0;
-  virtual std::vector<Status> BatchRemove(std::span<const std::string> keys,
-                                          bool force = false) = 0;
+  Status Remove(std::string_view key, bool force = false);
+  // BatchRemoveReplicas with the whole objects in scope.
+  std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force = false);
   // BatchRemove narrowed by `scope`: with a segment name, only each key's replica there (an
   // object whose last replica that was goes as BatchRemove removes it, the others stay readable
   // from their other replicas); with `unused_for`, only objects not put or read for that long.

@@ -59,8 +59,8 @@ namespace larder {
 
 // Which engine a process is creating; selects the protocol variable that applies.
 enum class EngineRole {
-  kStandalone,  // PD transfers and standalone use: LARDER_PROTOCOL.
-  kStore,       // The store client's engine: LARDER_STORE_PROTOCOL, else LARDER_PROTOCOL.
+  kPd,     // PD transfers and other engines of the application's own: LARDER_PROTOCOL.
+  kStore,  // The store client's engine: LARDER_STORE_PROTOCOL, else LARDER_PROTOCOL.
 };
 
 // How a batch shares the host with other transfer work (docs/transfer-engine.md, "Traffic
@@ -174,9 +174,9 @@ struct LARDER_EXPORT SegmentDescriptor {
 
 struct LARDER_EXPORT TransferEngineOptions {
   // Which protocol variable applies when `protocol` is empty, and the default traffic class.
-  EngineRole role = EngineRole::kStandalone;
+  EngineRole role = EngineRole::kPd;
   // The class of this engine's batches (see TrafficClass). kDefault: LARDER_TRAFFIC_CLASS
-  // ("latency" or "bulk"), else latency for kStandalone (PD) engines and bulk for kStore engines.
+  // ("latency" or "bulk"), else latency for kPd (PD) engines and bulk for kStore engines.
   // Create fails with InvalidArgument for another LARDER_TRAFFIC_CLASS.
   TrafficClass traffic_class = TrafficClass::kDefault;
   // "auto" (local, then shm, then ucx where built, then tcp), one transport's name ("local", "shm",

@@ -8,6 +8,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+
+#include "larder/transfer_engine.h"
 
 namespace larder::python {
 
@@ -25,5 +28,9 @@ void BindHelpers(py::module_& module);
 std::chrono::milliseconds ToMilliseconds(py::handle value, const char* what);
 // Bytes as an int or a size string ("4gb", "512MiB"). Throws larder.InvalidArgumentError.
 uint64_t ToByteSize(py::handle value, const char* what);
+// "pd" (PD transfers: LARDER_PROTOCOL) or "store" (LARDER_STORE_PROTOCOL, then LARDER_PROTOCOL).
+// "standalone", the earlier name of "pd", is read as "pd" with a DeprecationWarning.
+// Throws larder.InvalidArgumentError for anything else.
+EngineRole ToEngineRole(const std::string& role);
 
 }  // namespace larder::python

@@ -1,6 +1,6 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// larder.TransferEngine: a standalone engine (PD transfers) over larder::TransferEngine, plus the
+// larder.TransferEngine: a PD engine (PD transfers) over larder::TransferEngine, plus the
 // value types it passes around.
 #include <pybind11/stl.h>
 
@@ -197,13 +197,7 @@ TransferEngineOptions MakeEngineOptions(py::handle protocol, py::handle listen_a
                                         bool require_local_registration, bool use_huge_pages,
                                         bool shm_prefault) {
   TransferEngineOptions options;
-  if (role == "standalone") {
-    options.role = EngineRole::kStandalone;
-  } else if (role == "store") {
-    options.role = EngineRole::kStore;
-  } else {
-    throw StatusError(InvalidArgumentError("role must be 'standalone' or 'store'"));
-  }
+  options.role = ToEngineRole(role);
   if (!protocol.is_none()) options.protocol = protocol.cast<std::string>();
   if (!listen_address.is_none()) options.listen_address = listen_address.cast<std::string>();
   if (!auth_token.is_none()) options.auth_token = auth_token.cast<std::string>();
@@ -230,12 +224,12 @@ it by (segment handle, offset). Every access is bounds-checked on both ends.
 
 Args:
     protocol: "auto" (local, then shm, then tcp), "tcp", "shm", "shm,tcp", ... (default:
-        LARDER_PROTOCOL for role "standalone", else "auto").
+        LARDER_PROTOCOL for role "pd", else "auto").
     listen_address: "ip:port" of this engine's data server; port 0 picks one (default
         "127.0.0.1:0"). Peers reach this engine at ``address``.
     auth_token, host_id: as in docs/configuration.md (defaults from LARDER_AUTH_TOKEN,
         LARDER_HOST_ID).
-    role: "standalone" or "store" (which protocol variable applies).
+    role: "pd" or "store" (which protocol variable applies).
     copy_threads, slice_bytes, default_timeout (seconds), tcp_connections_per_peer,
     require_local_registration, use_huge_pages, shm_prefault: engine tuning.
 
@@ -356,7 +350,7 @@ void BindEngine(py::module_& module) {
            }),
            py::arg("protocol") = py::none(), py::kw_only(), py::arg("listen_address") = py::none(),
            py::arg("auth_token") = py::none(), py::arg("host_id") = py::none(),
-           py::arg("role") = "standalone", py::arg("copy_threads") = 0,
+           py::arg("role") = "pd", py::arg("copy_threads") = 0,
            py::arg("slice_bytes") = py::none(), py::arg("default_timeout") = py::none(),
            py::arg("tcp_connections_per_peer") = 4, py::arg("require_local_registration") = false,
            py::arg("use_huge_pages") = false, py::arg("shm_prefault") = false)

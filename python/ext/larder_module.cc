@@ -44,6 +44,18 @@ uint64_t ToByteSize(py::handle value, const char* what) {
   return *OptionalSize(value, what);
 }
 
+EngineRole ToEngineRole(const std::string& role) {
+  if (role == "pd") return EngineRole::kPd;
+  if (role == "store") return EngineRole::kStore;
+  if (role == "standalone") {
+    if (PyErr_WarnEx(PyExc_DeprecationWarning, "role 'standalone' is now called 'pd'", 1) != 0) {
+      throw py::error_already_set();
+    }
+    return EngineRole::kPd;
+  }
+  throw StatusError(InvalidArgumentError("role must be 'pd' or 'store', not '" + role + "'"));
+}
+
 void BindHelpers(py::module_& module) {
   module.def(
       "parse_size", [](py::handle text) { return ToByteSize(text, "size"); }, py::arg("text"),
@@ -70,13 +82,9 @@ void BindHelpers(py::module_& module) {
   module.def(
       "resolve_protocol",
       [](const std::string& configured, const std::string& role) {
-        if (role != "standalone" && role != "store") {
-          throw StatusError(InvalidArgumentError("role must be 'standalone' or 'store'"));
-        }
-        return ResolveProtocol(role == "store" ? EngineRole::kStore : EngineRole::kStandalone,
-                               configured);
+        return ResolveProtocol(ToEngineRole(role), configured);
       },
-      py::arg("configured") = "", py::arg("role") = "standalone",
+      py::arg("configured") = "", py::arg("role") = "pd",
       "The protocol an engine of ``role`` uses given ``configured`` (wins when non-empty) and "
       "the environment (LARDER_STORE_PROTOCOL, LARDER_PROTOCOL).");
   module.def(

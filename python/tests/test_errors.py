@@ -109,8 +109,12 @@ def test_protocols(monkeypatch):
     assert larder.resolve_protocol() == "tcp"
     assert larder.resolve_protocol(role="store") == "shm,tcp"
     assert larder.resolve_protocol("auto", role="store") == "auto"
-    with pytest.raises(larder.InvalidArgumentError):
+    assert larder.resolve_protocol(role="pd") == "tcp"
+    with pytest.raises(larder.InvalidArgumentError, match="'pd' or 'store'"):
         larder.resolve_protocol(role="pilot")
+    # The PD role's earlier name still works, with a warning that says its new name.
+    with pytest.warns(DeprecationWarning, match="now called 'pd'"):
+        assert larder.resolve_protocol(role="standalone") == "tcp"
 
 
 def test_package_metadata():

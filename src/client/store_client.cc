@@ -9,7 +9,7 @@
 
 #include "client/lease_releaser.h"
 #include "client/master_client.h"
-#include "client/master_session.h"
+#include "client/master_membership.h"
 #include "client/store_client_internal.h"
 #include "client/store_pieces.h"
 #include "common/env.h"
@@ -60,7 +60,7 @@ class StoreClientImpl final : public StoreClient {
 
   ~StoreClientImpl() override {
     releases_.Stop();
-    if (session_) session_->Stop();
+    if (membership_) membership_->Stop();
   }
 
   Status Init() {
@@ -86,24 +86,24 @@ class StoreClientImpl final : public StoreClient {
         if (descriptor.segment_id == local_segment_) descriptor_json_ = descriptor.ToJson();
       }
     }
-    client::MasterSessionOptions session;
-    session.client_id = engine_->id();
-    session.host_id = engine_->host_id();
-    session.segment_memory = segment_memory_;
-    session.segment_name = segment_name_;
-    session.descriptor_json = descriptor_json_;
-    session.heartbeat_interval = options_.heartbeat_interval;
-    session.connect_timeout = options_.master_connect_timeout;
-    session.add_traffic = [this](proto::HeartbeatRequest* request) {
+    client::MasterMembershipOptions membership;
+    membership.client_id = engine_->id();
+    membership.host_id = engine_->host_id();
+    membership.segment_memory = segment_memory_;
+    membership.segment_name = segment_name_;
+    membership.descriptor_json = descriptor_json_;
+    membership.heartbeat_interval = options_.heartbeat_interval;
+    membership.connect_timeout = options_.master_connect_timeout;
+    membership.add_traffic = [this](proto::HeartbeatRequest* request) {
       AddTrafficReport(engine_->Stats(), request);
     };
-    session.on_mount = [this] {
+    membership.on_mount = [this] {
       MutexLock lock(cache_mu_);
       cache_.clear();  // segment ids of an earlier incarnation mean nothing now
     };
-    session.on_segments_changed = [this] { return CloseGoneSegments(); };
-    session_ = std::make_unique<client::MasterSession>(&master_, std::move(session));
-    LARDER_RETURN_IF_ERROR(session_->Start());
+    membership.on_segments_changed = [this] { return CloseGoneSegments(); };
+    membership_ = std::make_unique<client::MasterMembership>(&master_, std::move(membership));
+    LARDER_RETURN_IF_ERROR(membership_->Start());
     releases_.Start();
     return Status::Ok();
   }
@@ -113,19 +113,6 @@ class StoreClientImpl final : public StoreClient {
   TransferEngine& engine() override { return *engine_; }
 
   // ---- copying API ----
-
-  Status Put(std::string_view key, std::span<const std::byte> value,
-             const PutConfig& config) override {
-    std::string k(key);
-    BufferSlice slice{const_cast<std::byte*>(value.data()), value.size()};
-    std::span<const BufferSlice> piece(&slice, 1);
-    return PutImpl(std::span(&k, 1), std::span(&piece, 1), config)[0];
-  }
-
-  Result<std::string> Get(std::string_view key) override {
-    std::string k(key);
-    return std::move(BatchGet(std::span(&k, 1))[0]);
-  }
 
   std::vector<Status> BatchPut(std::span<const std::string> keys,
                                std::span<const std::span<const std::byte>> values,
@@ -182,19 +169,6 @@ class StoreClientImpl final : public StoreClient {
       }
     }
     return engine_->UnregisterLocalMemory(ptr);
-  }
-
-  Status PutFrom(std::string_view key, const void* ptr, size_t size,
-                 const PutConfig& config) override {
-    std::string k(key);
-    void* p = const_cast<void*>(ptr);
-    return BatchPutFrom(std::span(&k, 1), std::span(&p, 1), std::span(&size, 1), config)[0];
-  }
-
-  Result<size_t> GetInto(std::string_view key, void* ptr, size_t capacity) override {
-    std::string k(key);
-    return std::move(
-        BatchGetInto(std::span(&k, 1), std::span(&ptr, 1), std::span(&capacity, 1))[0]);
   }
 
   std::vector<Status> BatchPutFrom(std::span<const std::string> keys, std::span<void* const> ptrs,
@@ -332,11 +306,6 @@ class StoreClientImpl final : public StoreClient {
 
   // ---- metadata ----
 
-  Result<bool> Exist(std::string_view key) override {
-    std::string k(key);
-    return std::move(BatchExist(std::span(&k, 1))[0]);
-  }
-
   std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) override {
     proto::BatchKeysRequest request;
     proto::BatchExistReply reply;
@@ -375,17 +344,6 @@ class StoreClientImpl final : public StoreClient {
     LARDER_RETURN_IF_ERROR(CheckReplicaColumns(reply, 1));
     LARDER_RETURN_IF_ERROR(ItemStatuses(1, reply.errors())[0]);
     return reply.size(0);
-  }
-
-  Status Remove(std::string_view key, bool force) override {
-    std::string k(key);
-    return BatchRemove(std::span(&k, 1), force)[0];
-  }
-
-  std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
-    RemoveScope scope;
-    scope.force = force;
-    return BatchRemoveReplicas(keys, scope);
   }
 
   std::vector<Status> BatchRemoveReplicas(std::span<const std::string> keys,
@@ -442,7 +400,7 @@ class StoreClientImpl final : public StoreClient {
     return ObjectInfos(reply, segments);
   }
 
-  uint64_t CatalogSize() const override { return session_ ? session_->catalog().size() : 0; }
+  uint64_t CatalogSize() const override { return membership_ ? membership_->catalog().size() : 0; }
 
   Result<RouteKind> RouteTo(std::string_view segment_name) override {
     proto::ListSegmentsRequest request;
@@ -525,7 +483,7 @@ class StoreClientImpl final : public StoreClient {
   Status Rpc(const char* name,
              grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Reply*),
              Request* request, Reply* reply) {
-    uint64_t generation = session_->generation();
+    uint64_t generation = membership_->generation();
     request->set_client_id(engine_->id());
     if constexpr (requires { request->mutable_release_leases(); }) {
       std::vector<uint64_t> releases = releases_.TakeForCall();
@@ -549,7 +507,7 @@ class StoreClientImpl final : public StoreClient {
     // Only a master that does not know this client asks for a mount; any other
     // FailedPrecondition stands.
     if (status.detail() != ErrorDetail::kRemountRequired) return status;
-    LARDER_RETURN_IF_ERROR(session_->Remount(generation));
+    LARDER_RETURN_IF_ERROR(membership_->Remount(generation));
     reply->Clear();
     return master_.Call(name, method, *request, reply);
   }
@@ -763,13 +721,13 @@ class StoreClientImpl final : public StoreClient {
       }
     }
     // What went into this client's own segment is hashed for its catalog while still in cache.
-    if (session_ && session_->catalog().verifies()) {
-      const uint64_t own = session_->segment_id();
+    if (membership_ && membership_->catalog().verifies()) {
+      const uint64_t own = membership_->segment_id();
       for (size_t i = 0; i < keys.size(); ++i) {
         if (!started[i] || !results[i].ok()) continue;
         for (const proto::Replica& replica : reply.results(static_cast<int>(i)).replicas()) {
           if (replica.segment_id() == own) {
-            session_->NoteWritten(replica.offset(), MasterKey(keys[i]), sizes[i]);
+            membership_->NoteWritten(replica.offset(), MasterKey(keys[i]), sizes[i]);
           }
         }
       }
@@ -955,7 +913,7 @@ class StoreClientImpl final : public StoreClient {
   std::string segment_name_;
   std::string descriptor_json_;
 
-  std::unique_ptr<client::MasterSession> session_;
+  std::unique_ptr<client::MasterMembership> membership_;
 
   Mutex cache_mu_;
   std::unordered_map<uint64_t, SegmentHandleRank> cache_ LARDER_GUARDED_BY(cache_mu_);

@@ -1,8 +1,8 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // Pieces that the StoreClient implementations (store_client.cc, standalone/attach.cc) and
-// larder-client's request handling (standalone/session.cc) share: assembling per-item batch
-// results, and the maps of non-overlapping address ranges they keep registered memory in. Not
+// larder-client's request handling (standalone/attach_connection.cc) share: assembling per-item
+// batch results, and the maps of non-overlapping address ranges they keep registered memory in. Not
 // part of the public API.
 #pragma once
 

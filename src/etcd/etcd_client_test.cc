@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/net.h"
+#include "etcd/etcd_fixture.h"
 #include "etcd/etcd_test_server.h"
 #include "transfer/testing/test_util.h"
 
@@ -29,15 +30,12 @@ std::string DeadEndpoint() {
   return "127.0.0.1:" + std::to_string(port.value_or(1));
 }
 
-class EtcdClientTest : public ::testing::Test {
+class EtcdClientTest : public EtcdTest {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!EtcdTestServer::Available(&why)) GTEST_SKIP() << why;
-    auto server = EtcdTestServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server).value();
-    client_ = NewClient({server_->endpoint()});
+    EtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    client_ = NewClient({etcd_->endpoint()});
     ASSERT_NE(client_, nullptr);
   }
 
@@ -48,7 +46,6 @@ class EtcdClientTest : public ::testing::Test {
     return client.ok() ? std::move(client).value() : nullptr;
   }
 
-  std::unique_ptr<EtcdTestServer> server_;
   std::unique_ptr<EtcdClient> client_;
 };
 
@@ -166,7 +163,7 @@ TEST_F(EtcdClientTest, TtlBelowOneSecondRoundsUp) {
 }
 
 TEST_F(EtcdClientTest, FailsOverPastADeadFirstEndpoint) {
-  auto client = NewClient({DeadEndpoint(), server_->endpoint()});
+  auto client = NewClient({DeadEndpoint(), etcd_->endpoint()});
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->Put("/t/failover", "v").ok());
   auto got = client->Get("/t/failover");
@@ -195,24 +192,24 @@ TEST_F(EtcdClientTest, UnreachableNamesEveryEndpoint) {
 }
 
 TEST_F(EtcdClientTest, KeepAliveStreamSurvivesARestartAndAPause) {
-  auto client = NewClient({server_->endpoint()}, milliseconds(500));
+  auto client = NewClient({etcd_->endpoint()}, milliseconds(500));
   ASSERT_NE(client, nullptr);
   auto lease = client->GrantLease(seconds(30));
   ASSERT_TRUE(lease.ok()) << lease.status();
   ASSERT_TRUE(client->KeepAlive(lease->id).ok());
 
-  ASSERT_TRUE(server_->Restart().ok());
+  ASSERT_TRUE(etcd_->Restart().ok());
   // The stream broke with the restart; the next calls reopen it (the lease survived).
   EXPECT_TRUE(testutil::WaitUntil([&] { return client->KeepAlive(lease->id).ok(); }, seconds(10)));
 
-  server_->Pause();
+  etcd_->Pause();
   const auto before = steady_clock::now();
   auto paused = client->KeepAlive(lease->id);
   EXPECT_EQ(paused.status().code(), StatusCode::kUnavailable) << paused.status();
   EXPECT_LT(steady_clock::now() - before, seconds(5));  // bounded by the call timeout
   auto get = client->Get("/t/x");
   EXPECT_EQ(get.status().code(), StatusCode::kUnavailable) << get.status();
-  server_->Resume();
+  etcd_->Resume();
   EXPECT_TRUE(testutil::WaitUntil([&] { return client->KeepAlive(lease->id).ok(); }, seconds(10)));
 }
 

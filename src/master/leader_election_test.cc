@@ -8,6 +8,7 @@
 
 #include <thread>
 
+#include "etcd/etcd_fixture.h"
 #include "etcd/etcd_test_server.h"
 #include "transfer/testing/test_util.h"
 
@@ -43,16 +44,8 @@ bool SampleUntil(const LeaderElection& a, const LeaderElection& b, Done done,
   }
 }
 
-class LeaderElectionTest : public ::testing::Test {
+class LeaderElectionTest : public etcd::EtcdTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!etcd::EtcdTestServer::Available(&why)) GTEST_SKIP() << why;
-    auto server = etcd::EtcdTestServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status();
-    etcd_ = std::move(server).value();
-  }
-
   LeaderElectionOptions Options(const std::string& address, milliseconds ttl = seconds(2)) {
     LeaderElectionOptions options;
     options.etcd_endpoints = {etcd_->endpoint()};
@@ -69,8 +62,6 @@ class LeaderElectionTest : public ::testing::Test {
     EXPECT_TRUE(election.ok()) << election.status();
     return election.ok() ? std::move(election).value() : nullptr;
   }
-
-  std::unique_ptr<etcd::EtcdTestServer> etcd_;
 };
 
 TEST_F(LeaderElectionTest, OneOfTwoLeadsAndTheOtherNamesIt) {

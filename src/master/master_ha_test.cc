@@ -13,9 +13,11 @@
 #include <thread>
 
 #include "common/child_process.h"
+#include "etcd/etcd_fixture.h"
 #include "etcd/etcd_test_server.h"
 #include "master.grpc.pb.h"
 #include "master/master_server.h"
+#include "testing/master_process.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder::master {
@@ -103,16 +105,8 @@ TEST(MasterHostLockTest, RefusesBadHaOptions) {
       << advertise.status();
 }
 
-class MasterHaTest : public ::testing::Test {
+class MasterHaTest : public etcd::EtcdTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!etcd::EtcdTestServer::Available(&why)) GTEST_SKIP() << why;
-    auto server = etcd::EtcdTestServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status();
-    etcd_ = std::move(server).value();
-  }
-
   MasterServerOptions HaOptions() const {
     MasterServerOptions options = LoopbackOptions();
     options.etcd_endpoints = {etcd_->endpoint()};
@@ -125,8 +119,6 @@ class MasterHaTest : public ::testing::Test {
     return {"--etcd", etcd_->endpoint(), "--cluster-id", "master-ha-process-test", "--leader-ttl",
             "2s"};
   }
-
-  std::unique_ptr<etcd::EtcdTestServer> etcd_;
 };
 
 TEST_F(MasterHaTest, TheStandbyRefusesCallsNamingTheLeaderAndTakesOverOnShutdown) {
@@ -164,29 +156,11 @@ TEST_F(MasterHaTest, TheStandbyRefusesCallsNamingTheLeaderAndTakesOverOnShutdown
 
 // Real processes: the standby replaces a SIGKILLed leader.
 TEST_F(MasterHaTest, ProcessesTheStandbyReplacesAKilledLeader) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  const std::string binary = std::string(dir != nullptr ? dir : ".") + "/larder-master";
-  std::vector<std::string> argv = {binary, "--host",      "127.0.0.1", "--port",
-                                   "0",    "--http-port", "0",         "--parent-watch"};
-  for (const std::string& flag : HaFlags()) argv.push_back(flag);
-
-  struct Master {
-    ChildProcess process;
-    std::string address;
-    int http_port = -1;
-  };
+  using Master = test::MasterProcess;
   auto spawn = [&]() -> Master {
-    auto child = ChildProcess::Spawn(argv, {}, seconds(30));
-    EXPECT_TRUE(child.ok()) << child.status();
-    if (!child.ok()) return {};
-    Master master;
-    master.process = std::move(child).value();
-    // "READY <ip:port> <http port>"
-    const std::string& ready = master.process.address();
-    const size_t space = ready.find(' ');
-    master.address = ready.substr(0, space);
-    if (space != std::string::npos) master.http_port = std::stoi(ready.substr(space + 1));
-    return master;
+    auto master = test::SpawnMaster("", "0", HaFlags(), {});
+    EXPECT_TRUE(master.ok()) << master.status();
+    return master.ok() ? std::move(*master) : Master();
   };
 
   Master a = spawn();
@@ -210,15 +184,10 @@ TEST_F(MasterHaTest, ProcessesTheStandbyReplacesAKilledLeader) {
 
 // A leading process cut off from etcd stops serving and exits with status 3.
 TEST_F(MasterHaTest, ProcessesALeaderCutOffFromEtcdExitsWithStatus3) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  const std::string binary = std::string(dir != nullptr ? dir : ".") + "/larder-master";
-  std::vector<std::string> argv = {binary, "--host",      "127.0.0.1", "--port",
-                                   "0",    "--http-port", "0",         "--parent-watch"};
-  for (const std::string& flag : HaFlags()) argv.push_back(flag);
-  auto child = ChildProcess::Spawn(argv, {}, seconds(30));
-  ASSERT_TRUE(child.ok()) << child.status();
-  const std::string& ready = child->address();
-  const int http_port = std::stoi(ready.substr(ready.find(' ') + 1));
+  auto master = test::SpawnMaster("", "0", HaFlags(), {});
+  ASSERT_TRUE(master.ok()) << master.status();
+  const int http_port = master->http_port;
+  ChildProcess* child = &master->process;
   ASSERT_TRUE(testutil::WaitUntil([&] { return HealthRole(http_port) == "leader"; }, seconds(20)));
 
   etcd_->Stop();

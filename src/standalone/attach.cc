@@ -36,12 +36,12 @@ namespace {
 using standalone::Channel;
 using standalone::KeyedBuffer;
 using standalone::MessageType;
+using standalone::PayloadReader;
+using standalone::PayloadWriter;
 using standalone::SlicedKey;
 using standalone::StagedItem;
 using standalone::WireRange;
-using standalone::WireReader;
 using standalone::WireSlice;
-using standalone::WireWriter;
 
 constexpr uint64_t kStagingAlignment = 64;
 
@@ -78,12 +78,12 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   }
 
   Status Init() {
-    WireWriter hello;
+    PayloadWriter hello;
     standalone::HelloRequest request;
     request.client_name =
         options_.client_name.empty() ? "pid " + std::to_string(getpid()) : options_.client_name;
     Encode(request, &hello);
-    LARDER_RETURN_IF_ERROR(Call(MessageType::kHello, hello, [&](WireReader* in) {
+    LARDER_RETURN_IF_ERROR(Call(MessageType::kHello, hello, [&](PayloadReader* in) {
       hello_ = standalone::DecodeHelloReply(in);
     }));
     if (hello_.version != standalone::kProtocolVersion) {
@@ -188,17 +188,6 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
 
   // ---- copying API ----
 
-  Status Put(std::string_view key, std::span<const std::byte> value,
-             const PutConfig& config) override {
-    std::string k(key);
-    return BatchPut(std::span(&k, 1), std::span(&value, 1), config)[0];
-  }
-
-  Result<std::string> Get(std::string_view key) override {
-    std::string k(key);
-    return std::move(BatchGet(std::span(&k, 1))[0]);
-  }
-
   std::vector<Status> BatchPut(std::span<const std::string> keys,
                                std::span<const std::span<const std::byte>> values,
                                const PutConfig& config) override {
@@ -253,17 +242,6 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
 
   // ---- zero-copy API ----
 
-  Status PutFrom(std::string_view key, const void* ptr, size_t size,
-                 const PutConfig& config) override {
-    KeyedBuffer item{std::string(key), WireSlice{Address(ptr), size}};
-    return PutBuffers(std::span(&item, 1), config)[0];
-  }
-
-  Result<size_t> GetInto(std::string_view key, void* ptr, size_t capacity) override {
-    KeyedBuffer item{std::string(key), WireSlice{Address(ptr), capacity}};
-    return std::move(GetBuffers(std::span(&item, 1))[0]);
-  }
-
   std::vector<Status> BatchPutFrom(std::span<const std::string> keys, std::span<void* const> ptrs,
                                    std::span<const size_t> sizes,
                                    const PutConfig& config) override {
@@ -299,11 +277,11 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     if (Status limit = CheckBatch(keys.size()); !limit.ok()) {
       return std::vector<Status>(keys.size(), limit);
     }
-    WireWriter request;
+    PayloadWriter request;
     request.PutConfig(config);
     EncodeSlicedKeys(ToSliced(keys, slices), &request);
     std::vector<Status> statuses;
-    Status status = Call(MessageType::kBatchPutFromSlices, request, [&](WireReader* in) {
+    Status status = Call(MessageType::kBatchPutFromSlices, request, [&](PayloadReader* in) {
       statuses = standalone::DecodeStatuses(in, keys.size());
     });
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
@@ -317,7 +295,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     if (Status limit = CheckBatch(keys.size()); !limit.ok()) {
       return Fill<size_t>(keys.size(), limit);
     }
-    WireWriter request;
+    PayloadWriter request;
     EncodeSlicedKeys(ToSliced(keys, slices), &request);
     return CallSizes(MessageType::kBatchGetIntoSlices, request, keys.size());
   }
@@ -332,24 +310,19 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
       items.push_back(
           WireRange{range.key, range.offset, WireSlice{Address(range.ptr), range.size}});
     }
-    WireWriter request;
+    PayloadWriter request;
     EncodeRanges(items, &request);
     return CallSizes(MessageType::kBatchGetRanges, request, ranges.size());
   }
 
   // ---- metadata ----
 
-  Result<bool> Exist(std::string_view key) override {
-    std::string k(key);
-    return std::move(BatchExist(std::span(&k, 1))[0]);
-  }
-
   std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) override {
     if (Status limit = CheckBatch(keys.size()); !limit.ok()) return Fill<bool>(keys.size(), limit);
-    WireWriter request;
+    PayloadWriter request;
     request.Keys(keys);
     std::vector<Result<bool>> results;
-    Status status = Call(MessageType::kBatchExist, request, [&](WireReader* in) {
+    Status status = Call(MessageType::kBatchExist, request, [&](PayloadReader* in) {
       results = standalone::DecodeBools(in, keys.size());
     });
     if (!status.ok()) return Fill<bool>(keys.size(), status);
@@ -357,23 +330,12 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   }
 
   Result<uint64_t> GetSize(std::string_view key) override {
-    WireWriter request;
+    PayloadWriter request;
     request.String(key);
     uint64_t size = 0;
     LARDER_RETURN_IF_ERROR(
-        Call(MessageType::kGetSize, request, [&](WireReader* in) { size = in->U64(); }));
+        Call(MessageType::kGetSize, request, [&](PayloadReader* in) { size = in->U64(); }));
     return size;
-  }
-
-  Status Remove(std::string_view key, bool force) override {
-    std::string k(key);
-    return BatchRemove(std::span(&k, 1), force)[0];
-  }
-
-  std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
-    RemoveScope scope;
-    scope.force = force;
-    return BatchRemoveReplicas(keys, scope);
   }
 
   // kBatchRemove for whole objects; kBatchRemoveReplicas (protocol version 3) with a segment;
@@ -384,7 +346,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     if (bad.ok()) bad = scope.Validate();
     if (!bad.ok()) return std::vector<Status>(keys.size(), bad);
     MessageType type = MessageType::kBatchRemove;
-    WireWriter request;
+    PayloadWriter request;
     request.U8(scope.force ? 1 : 0);
     if (scope.unused_for.count() > 0) {
       type = MessageType::kBatchRemoveScoped;
@@ -396,7 +358,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     }
     request.Keys(keys);
     std::vector<Status> statuses;
-    Status status = Call(type, request, [&](WireReader* in) {
+    Status status = Call(type, request, [&](PayloadReader* in) {
       statuses = standalone::DecodeStatuses(in, keys.size());
     });
     if (!status.ok()) return std::vector<Status>(keys.size(), status);
@@ -404,21 +366,21 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   }
 
   Result<uint64_t> RemoveAll(bool force) override {
-    WireWriter request;
+    PayloadWriter request;
     request.U8(force ? 1 : 0);
     uint64_t removed = 0;
     LARDER_RETURN_IF_ERROR(
-        Call(MessageType::kRemoveAll, request, [&](WireReader* in) { removed = in->U64(); }));
+        Call(MessageType::kRemoveAll, request, [&](PayloadReader* in) { removed = in->U64(); }));
     return removed;
   }
 
   Result<uint64_t> RemoveByRegex(std::string_view pattern, bool force) override {
-    WireWriter request;
+    PayloadWriter request;
     request.U8(force ? 1 : 0);
     request.String(pattern);
     uint64_t removed = 0;
-    LARDER_RETURN_IF_ERROR(
-        Call(MessageType::kRemoveByRegex, request, [&](WireReader* in) { removed = in->U64(); }));
+    LARDER_RETURN_IF_ERROR(Call(MessageType::kRemoveByRegex, request,
+                                [&](PayloadReader* in) { removed = in->U64(); }));
     return removed;
   }
 
@@ -426,10 +388,10 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     if (Status limit = CheckBatch(keys.size()); !limit.ok()) {
       return Fill<ObjectInfo>(keys.size(), limit);
     }
-    WireWriter request;
+    PayloadWriter request;
     request.Keys(keys);
     std::vector<Result<ObjectInfo>> infos;
-    Status status = Call(MessageType::kBatchGetObjectInfo, request, [&](WireReader* in) {
+    Status status = Call(MessageType::kBatchGetObjectInfo, request, [&](PayloadReader* in) {
       infos = standalone::DecodeObjectInfos(in, keys.size());
     });
     if (!status.ok()) return Fill<ObjectInfo>(keys.size(), status);
@@ -446,7 +408,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   // Sends a request and, when its reply's status is OK, decodes the body with `decode`.
   // Errors: the daemon being gone, the reply's status, or Internal for a malformed reply.
   template <typename Decode>
-  Status Call(MessageType type, const WireWriter& request, Decode&& decode, int fd = -1) {
+  Status Call(MessageType type, const PayloadWriter& request, Decode&& decode, int fd = -1) {
     if (request.data().size() > hello_max_frame()) {
       return InvalidArgumentError(standalone::MessageTypeName(static_cast<uint16_t>(type)) +
                                   " request of " + std::to_string(request.data().size()) +
@@ -454,7 +416,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
                                   std::to_string(hello_max_frame()) + "; split the batch");
     }
     LARDER_ASSIGN_OR_RETURN(std::string reply, channel_->Call(type, request.data(), fd));
-    WireReader in(reply);
+    PayloadReader in(reply);
     Status status = in.GetStatus();
     if (in.ok() && status.ok()) decode(&in);
     if (Status malformed = in.Finish(); !malformed.ok()) {
@@ -476,10 +438,10 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
                                 std::to_string(hello_.max_batch_keys) + "; split it");
   }
 
-  std::vector<Result<size_t>> CallSizes(MessageType type, const WireWriter& request, size_t n) {
+  std::vector<Result<size_t>> CallSizes(MessageType type, const PayloadWriter& request, size_t n) {
     std::vector<Result<size_t>> sizes;
     Status status =
-        Call(type, request, [&](WireReader* in) { sizes = standalone::DecodeSizes(in, n); });
+        Call(type, request, [&](PayloadReader* in) { sizes = standalone::DecodeSizes(in, n); });
     if (!status.ok()) return Fill<size_t>(n, status);
     return sizes;
   }
@@ -488,11 +450,11 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     if (Status limit = CheckBatch(items.size()); !limit.ok()) {
       return std::vector<Status>(items.size(), limit);
     }
-    WireWriter request;
+    PayloadWriter request;
     request.PutConfig(config);
     EncodeKeyedBuffers(items, &request);
     std::vector<Status> statuses;
-    Status status = Call(MessageType::kBatchPutFrom, request, [&](WireReader* in) {
+    Status status = Call(MessageType::kBatchPutFrom, request, [&](PayloadReader* in) {
       statuses = standalone::DecodeStatuses(in, items.size());
     });
     if (!status.ok()) return std::vector<Status>(items.size(), status);
@@ -503,7 +465,7 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
     if (Status limit = CheckBatch(items.size()); !limit.ok()) {
       return Fill<size_t>(items.size(), limit);
     }
-    WireWriter request;
+    PayloadWriter request;
     EncodeKeyedBuffers(items, &request);
     return CallSizes(MessageType::kBatchGetInto, request, items.size());
   }
@@ -543,10 +505,10 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
       standalone::StagedGetRequest staged;
       staged.staging = WireSlice{Address(staging_), staging_size_};
       for (size_t i : pending) staged.keys.push_back(keys[i]);
-      WireWriter request;
+      PayloadWriter request;
       Encode(staged, &request);
       std::vector<StagedItem> items;
-      Status status = Call(MessageType::kBatchGetStaged, request, [&](WireReader* in) {
+      Status status = Call(MessageType::kBatchGetStaged, request, [&](PayloadReader* in) {
         items = standalone::DecodeStagedItems(in, pending.size());
       });
       if (!status.ok()) {
@@ -616,10 +578,10 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
       // Recorded before the daemon is asked, so that two threads cannot share one range twice.
       regions_.emplace(begin, SharedRegion{size, memory});
     }
-    WireWriter request;
+    PayloadWriter request;
     Encode(standalone::RegisterSharedRequest{begin, size, fd_offset}, &request);
     Status status = Call(
-        MessageType::kRegisterShared, request, [](WireReader*) {}, fd);
+        MessageType::kRegisterShared, request, [](PayloadReader*) {}, fd);
     if (!status.ok()) {
       MutexLock lock(regions_mu_);
       regions_.erase(begin);
@@ -628,9 +590,9 @@ class AttachedStoreClientImpl final : public AttachedStoreClient {
   }
 
   Status Unshare(void* ptr) {
-    WireWriter request;
+    PayloadWriter request;
     request.U64(Address(ptr));
-    return Call(MessageType::kUnregisterShared, request, [](WireReader*) {});
+    return Call(MessageType::kUnregisterShared, request, [](PayloadReader*) {});
   }
 
   const AttachOptions options_;

@@ -114,7 +114,7 @@ void Channel::ReadLoop() {
     frame.fd.Reset();  // the daemon never sends one
     const uint16_t type = frame.header.type;
     if (type == static_cast<uint16_t>(MessageType::kGoodbye)) {
-      WireReader in(frame.payload);
+      PayloadReader in(frame.payload);
       Status why = in.GetStatus();
       if (why.ok() || !in.Finish().ok()) why = InternalError("a malformed Goodbye");
       MarkGone(why.code() == StatusCode::kUnavailable

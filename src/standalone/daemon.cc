@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "standalone/session.h"
+#include "standalone/attach_connection.h"
 
 namespace larder::standalone {
 namespace {
@@ -56,9 +56,9 @@ class LARDER_SCOPED_CAPABILITY TimedMutexLock {
 
 struct ClientDaemon::Connection {
   Fd fd;
-  std::string peer;  // "pid P uid U"
-  std::unique_ptr<Session> session;
-  TimedMutex write_mu;  // one frame at a time on fd
+  std::string peer;                           // "pid P uid U"
+  std::unique_ptr<AttachConnection> handler;  // serves its requests
+  TimedMutex write_mu;                        // one frame at a time on fd
 
   Mutex mu;
   CondVar cv;
@@ -120,7 +120,7 @@ void ClientDaemon::Stop() {
         UnavailableError("larder-client at " + address_.display + " is shutting down");
     for (auto& connection : connections) {
       if (!connection->done && connection->write_mu.TryLockFor(kGoodbyeTimeout)) {
-        WireWriter payload;
+        PayloadWriter payload;
         payload.PutStatus(going);
         SendFrame(connection->fd.get(), static_cast<uint16_t>(MessageType::kGoodbye), 0,
                   payload.data(), -1, Clock::now() + kGoodbyeTimeout, connection->peer)
@@ -164,7 +164,7 @@ void ClientDaemon::Reap() {
 
 void ClientDaemon::Refuse(Fd fd, const Status& why, const std::string& peer) {
   Log().warn("larder-client: refused {}: {}", peer, why.ToString());
-  WireWriter payload;
+  PayloadWriter payload;
   payload.PutStatus(why);
   SendFrame(fd.get(), static_cast<uint16_t>(MessageType::kGoodbye), 0, payload.data(), -1,
             Clock::now() + kGoodbyeTimeout, peer)
@@ -219,11 +219,11 @@ void ClientDaemon::AcceptLoop() {
     auto connection = std::make_unique<Connection>();
     connection->fd = std::move(fd);
     connection->peer = peer;
-    SessionOptions session;
-    session.tenant_id = options_.store.tenant_id;
-    session.max_regions = options_.max_regions;
-    session.max_in_flight = options_.max_in_flight;
-    connection->session = std::make_unique<Session>(store_.get(), session, peer);
+    AttachConnectionOptions handler_options;
+    handler_options.tenant_id = options_.store.tenant_id;
+    handler_options.max_regions = options_.max_regions;
+    handler_options.max_in_flight = options_.max_in_flight;
+    connection->handler = std::make_unique<AttachConnection>(store_.get(), handler_options, peer);
     Connection* raw = connection.get();
     MutexLock lock(mu_);
     connections_.push_back(std::move(connection));
@@ -234,8 +234,9 @@ void ClientDaemon::AcceptLoop() {
 namespace {
 
 // Sends a reply; a client that does not take it in time loses its connection.
-void SendReply(int fd, TimedMutex* write_mu, const FrameHeader& request, const std::string& payload,
-               std::chrono::milliseconds timeout, const std::string& peer) {
+void SendReply(int fd, TimedMutex* write_mu, const MessageHeader& request,
+               const std::string& payload, std::chrono::milliseconds timeout,
+               const std::string& peer) {
   TimedMutexLock lock(*write_mu);
   Status sent = SendFrame(fd, request.type | kReplyBit, request.request_id, payload, -1,
                           Clock::now() + timeout, peer);
@@ -249,7 +250,7 @@ void SendReply(int fd, TimedMutex* write_mu, const FrameHeader& request, const s
 void SendGoodbye(int fd, TimedMutex* write_mu, const Status& why, const std::string& peer) {
   Log().warn("larder-client: closing the connection of {}: {}", peer, why.ToString());
   if (!write_mu->TryLockFor(kGoodbyeTimeout)) return;
-  WireWriter payload;
+  PayloadWriter payload;
   payload.PutStatus(why);
   SendFrame(fd, static_cast<uint16_t>(MessageType::kGoodbye), 0, payload.data(), -1,
             Clock::now() + kGoodbyeTimeout, peer)
@@ -258,7 +259,7 @@ void SendGoodbye(int fd, TimedMutex* write_mu, const Status& why, const std::str
 }
 
 std::string ErrorReply(const Status& status) {
-  WireWriter out;
+  PayloadWriter out;
   out.PutStatus(status);
   return out.Take();
 }
@@ -306,7 +307,7 @@ void ClientDaemon::Serve(Connection* c) {
       continue;
     }
     if (!attached) {
-      std::string reply = c->session->Handle(type, frame.payload, std::move(frame.fd));
+      std::string reply = c->handler->Handle(type, frame.payload, std::move(frame.fd));
       SendReply(fd, &c->write_mu, frame.header, reply, options_.frame_timeout, c->peer);
       if (reply.empty() || reply[0] != 0) break;  // refused (e.g. another protocol version)
       attached = true;
@@ -328,8 +329,8 @@ void ClientDaemon::Serve(Connection* c) {
   c->cv.SignalAll();
   for (std::thread& worker : c->workers) worker.join();
   shutdown(fd, SHUT_RDWR);
-  const size_t regions = c->session->region_count();
-  c->session.reset();  // unmaps its regions; the objects it stored stay
+  const size_t regions = c->handler->region_count();
+  c->handler.reset();  // unmaps its regions; the objects it stored stay
   Log().info("larder-client: {} detached ({} shared regions released)", c->peer, regions);
   c->done = true;
 }
@@ -343,7 +344,7 @@ void ClientDaemon::Work(Connection* c) {
     c->queue.pop_front();
     ++c->busy;
     lock.Unlock();
-    std::string reply = c->session->Handle(frame.header.type, frame.payload, std::move(frame.fd));
+    std::string reply = c->handler->Handle(frame.header.type, frame.payload, std::move(frame.fd));
     SendReply(c->fd.get(), &c->write_mu, frame.header, reply, options_.frame_timeout, c->peer);
     lock.Lock();
     --c->busy;

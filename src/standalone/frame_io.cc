@@ -145,7 +145,7 @@ Result<PeerCredentials> GetPeerCredentials(int fd) {
 
 Status SendFrame(int fd, uint16_t type, uint64_t request_id, std::string_view payload, int pass_fd,
                  Deadline deadline, std::string_view peer) {
-  FrameHeader header;
+  MessageHeader header;
   header.type = type;
   header.request_id = request_id;
   header.length = static_cast<uint32_t>(payload.size());

@@ -48,7 +48,7 @@ Result<PeerCredentials> GetPeerCredentials(int fd);
 
 // A frame as read.
 struct Frame {
-  FrameHeader header;
+  MessageHeader header;
   std::string payload;
   Fd fd;                   // the first fd that came with the frame, if any
   bool extra_fds = false;  // more than one fd came (the others were closed)

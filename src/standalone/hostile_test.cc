@@ -55,7 +55,7 @@ class RawPeer {
   }
   // The status a reply or Goodbye starts with; `body` gets the rest of the payload.
   static Status StatusOf(const Frame& frame, std::string* body = nullptr) {
-    WireReader in(frame.payload);
+    PayloadReader in(frame.payload);
     Status status = in.GetStatus();
     if (body != nullptr) *body = status.ok() ? frame.payload.substr(1) : "";
     return status;
@@ -71,7 +71,7 @@ class RawPeer {
     return StatusOf(*frame, body);
   }
   Status Hello() {
-    WireWriter hello;
+    PayloadWriter hello;
     Encode(HelloRequest{kProtocolVersion, "raw peer"}, &hello);
     return Call(MessageType::kHello, hello.data());
   }
@@ -102,7 +102,7 @@ class RawPeer {
 };
 
 std::string Header(uint32_t magic, uint16_t type, uint32_t length) {
-  FrameHeader header;
+  MessageHeader header;
   header.magic = magic;
   header.type = type;
   header.length = length;
@@ -157,9 +157,9 @@ TEST_F(HostileTest, OversizedFrameIsRefusedBeforeItsPayload) {
   RawPeer peer = Connect();
   ASSERT_TRUE(peer.Hello().ok());
   // 1 GiB announced, nothing sent: the daemon must refuse without reading or allocating it.
-  ASSERT_TRUE(
-      peer.SendBytes(Header(kFrameMagic, static_cast<uint16_t>(MessageType::kBatchExist), 1u << 30))
-          .ok());
+  ASSERT_TRUE(peer.SendBytes(Header(kMessageMagic, static_cast<uint16_t>(MessageType::kBatchExist),
+                                    1u << 30))
+                  .ok());
   Status why = peer.Goodbye();
   EXPECT_EQ(why.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(why.message().find("exceeds the limit of 67108864"), std::string::npos) << why;
@@ -168,7 +168,7 @@ TEST_F(HostileTest, OversizedFrameIsRefusedBeforeItsPayload) {
 
 TEST_F(HostileTest, TheFirstRequestMustBeHello) {
   RawPeer peer = Connect();
-  WireWriter keys;
+  PayloadWriter keys;
   keys.Keys(std::vector<std::string>{"k"});
   ASSERT_TRUE(peer.Send(MessageType::kBatchExist, keys.data()).ok());
   Status why = peer.Goodbye();
@@ -176,7 +176,7 @@ TEST_F(HostileTest, TheFirstRequestMustBeHello) {
   EXPECT_NE(why.message().find("must be Hello"), std::string::npos) << why;
 
   RawPeer version = Connect();
-  WireWriter hello;
+  PayloadWriter hello;
   Encode(HelloRequest{99, "future"}, &hello);
   EXPECT_EQ(version.Call(MessageType::kHello, hello.data()).code(),
             StatusCode::kFailedPrecondition);
@@ -191,7 +191,7 @@ TEST_F(HostileTest, UnknownTypesEndTheConnection) {
         uint16_t{0x7fff}, static_cast<uint16_t>(0x8000 | 4)}) {
     RawPeer peer = Connect();
     ASSERT_TRUE(peer.Hello().ok());
-    ASSERT_TRUE(peer.SendBytes(Header(kFrameMagic, type, 0)).ok());
+    ASSERT_TRUE(peer.SendBytes(Header(kMessageMagic, type, 0)).ok());
     Status why = peer.Goodbye();
     EXPECT_EQ(why.code(), StatusCode::kInvalidArgument) << type;
     EXPECT_NE(why.message().find("unknown request"), std::string::npos) << why;
@@ -202,19 +202,19 @@ TEST_F(HostileTest, UnknownTypesEndTheConnection) {
 TEST_F(HostileTest, MalformedPayloadsGetErrorRepliesOnALiveConnection) {
   RawPeer peer = Connect();
   ASSERT_TRUE(peer.Hello().ok());
-  WireWriter truncated;
+  PayloadWriter truncated;
   truncated.PutConfig(PutConfig{});
   truncated.U32(3);  // three items promised, none sent
   Status status = peer.Call(MessageType::kBatchPutFrom, truncated.data());
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("malformed payload"), std::string::npos) << status;
 
-  WireWriter too_many;
+  PayloadWriter too_many;
   too_many.U32(kMaxBatchKeys + 1);
   status = peer.Call(MessageType::kBatchExist, too_many.data());
   EXPECT_NE(status.message().find("split the batch"), std::string::npos) << status;
 
-  WireWriter long_key;
+  PayloadWriter long_key;
   long_key.U32(1);
   long_key.String(std::string(kMaxKeyBytes + 1, 'k'));
   status = peer.Call(MessageType::kBatchExist, long_key.data());
@@ -224,11 +224,11 @@ TEST_F(HostileTest, MalformedPayloadsGetErrorRepliesOnALiveConnection) {
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
 
   // The connection still works.
-  WireWriter keys;
+  PayloadWriter keys;
   keys.Keys(std::vector<std::string>{"hostile/none"});
   std::string body;
   ASSERT_TRUE(peer.Call(MessageType::kBatchExist, keys.data(), &body).ok());
-  WireReader in(body);
+  PayloadReader in(body);
   auto exists = DecodeBools(&in, 1);
   ASSERT_TRUE(in.Finish().ok());
   EXPECT_FALSE(*exists[0]);
@@ -242,7 +242,7 @@ TEST_F(HostileTest, AddressesOutsideSharedRegionsFailPerItem) {
   ASSERT_TRUE(memory.status.ok()) << memory.status;
   // Registered at a made-up client address: only translation decides what it names.
   const uint64_t base = 0x7000'0000'0000;
-  WireWriter reg;
+  PayloadWriter reg;
   Encode(RegisterSharedRequest{base, 1 << 20, 0}, &reg);
   ASSERT_TRUE(peer.Call(MessageType::kRegisterShared, reg.data(), nullptr, memory.fd.get()).ok());
   std::memset(memory.data, 'v', 1000);
@@ -252,12 +252,12 @@ TEST_F(HostileTest, AddressesOutsideSharedRegionsFailPerItem) {
       {"hostile/before", {base - 1, 10}},   {"hostile/wraps", {base + 10, UINT64_MAX - 5}},
       {"hostile/top", {UINT64_MAX - 3, 8}}, {"hostile/null", {0, 16}},
   };
-  WireWriter put;
+  PayloadWriter put;
   put.PutConfig(PutConfig{});
   EncodeKeyedBuffers(items, &put);
   std::string body;
   ASSERT_TRUE(peer.Call(MessageType::kBatchPutFrom, put.data(), &body).ok());
-  WireReader in(body);
+  PayloadReader in(body);
   auto statuses = DecodeStatuses(&in, items.size());
   ASSERT_TRUE(in.Finish().ok());
   EXPECT_TRUE(statuses[0].ok()) << statuses[0];
@@ -268,20 +268,20 @@ TEST_F(HostileTest, AddressesOutsideSharedRegionsFailPerItem) {
   }
   // Gets into bad ranges fail the same way; nothing is written anywhere.
   std::vector<KeyedBuffer> gets = {{"hostile/in", {base + (1 << 20) - 500, 1000}}};
-  WireWriter get;
+  PayloadWriter get;
   EncodeKeyedBuffers(gets, &get);
   ASSERT_TRUE(peer.Call(MessageType::kBatchGetInto, get.data(), &body).ok());
-  WireReader get_in(body);
+  PayloadReader get_in(body);
   auto sizes = DecodeSizes(&get_in, 1);
   ASSERT_TRUE(get_in.Finish().ok());
   EXPECT_EQ(sizes[0].status().code(), StatusCode::kFailedPrecondition);
   // A region of another connection is not this one's.
   RawPeer other = Connect();
   ASSERT_TRUE(other.Hello().ok());
-  WireWriter foreign;
+  PayloadWriter foreign;
   EncodeKeyedBuffers(std::vector<KeyedBuffer>{{"hostile/in", {base, 1000}}}, &foreign);
   ASSERT_TRUE(other.Call(MessageType::kBatchGetInto, foreign.data(), &body).ok());
-  WireReader foreign_in(body);
+  PayloadReader foreign_in(body);
   auto foreign_sizes = DecodeSizes(&foreign_in, 1);
   ASSERT_TRUE(foreign_in.Finish().ok());
   EXPECT_EQ(foreign_sizes[0].status().code(), StatusCode::kFailedPrecondition);
@@ -292,7 +292,7 @@ TEST_F(HostileTest, BadFdsAreRefused) {
   RawPeer peer = Connect();
   ASSERT_TRUE(peer.Hello().ok());
   const uint64_t base = 0x6000'0000'0000;
-  WireWriter reg;
+  PayloadWriter reg;
   Encode(RegisterSharedRequest{base, 1 << 16, 0}, &reg);
 
   Status none = peer.Call(MessageType::kRegisterShared, reg.data());
@@ -317,7 +317,7 @@ TEST_F(HostileTest, BadFdsAreRefused) {
   EXPECT_NE(small_status.message().find("fewer than"), std::string::npos) << small_status;
 
   // A fd on a request that takes none.
-  WireWriter keys;
+  PayloadWriter keys;
   keys.Keys(std::vector<std::string>{"k"});
   Status stray = peer.Call(MessageType::kBatchExist, keys.data(), nullptr, small.fd.get());
   EXPECT_NE(stray.message().find("file descriptor"), std::string::npos) << stray;
@@ -327,7 +327,7 @@ TEST_F(HostileTest, BadFdsAreRefused) {
 TEST_F(HostileTest, StalledAndFloodingPeersDoNotBlockOthers) {
   // One peer stops mid-header, others send random bytes as fast as they can.
   RawPeer stalled = Connect();
-  ASSERT_TRUE(stalled.SendBytes(Header(kFrameMagic, 1, 0).substr(0, 10)).ok());
+  ASSERT_TRUE(stalled.SendBytes(Header(kMessageMagic, 1, 0).substr(0, 10)).ok());
   std::vector<std::thread> floods;
   for (int t = 0; t < 4; ++t) {
     floods.emplace_back([t] {
@@ -404,13 +404,13 @@ TEST_F(HostileTest, APeerOfAnotherUidIsRefused) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-  ASSERT_GE(bytes.size(), sizeof(FrameHeader));
-  FrameHeader header;
+  ASSERT_GE(bytes.size(), sizeof(MessageHeader));
+  MessageHeader header;
   std::memcpy(&header, bytes.data(), sizeof(header));
   EXPECT_TRUE(CheckHeader(header, kMaxFrameBytes).ok());
   EXPECT_EQ(header.type, static_cast<uint16_t>(MessageType::kGoodbye));
   ASSERT_EQ(bytes.size(), sizeof(header) + header.length);
-  WireReader in(std::string_view(bytes).substr(sizeof(header)));
+  PayloadReader in(std::string_view(bytes).substr(sizeof(header)));
   Status why = in.GetStatus();
   EXPECT_EQ(why.code(), StatusCode::kPermissionDenied) << why;
   EXPECT_NE(why.message().find("uid 65534 may not attach"), std::string::npos) << why;

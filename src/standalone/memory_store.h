@@ -1,7 +1,7 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// An in-memory StoreClient for the daemon's request handling (Session) in tests and the
-// fuzz_standalone_session target. Test-only; header-only, so that a fuzz build needs no test
+// An in-memory StoreClient for the daemon's request handling (AttachConnection) in tests and the
+// fuzz_attach_connection target. Test-only; header-only, so that a fuzz build needs no test
 // library.
 #pragma once
 
@@ -26,27 +26,19 @@ class MemoryStore final : public StoreClient {
   const std::string& client_id() const override { return id_; }
   TransferEngine& engine() override { std::abort(); }
 
-  Status Put(std::string_view key, std::span<const std::byte> value, const PutConfig&) override {
-    MutexLock lock(mu_);
-    values_[std::string(key)].assign(reinterpret_cast<const char*>(value.data()), value.size());
-    return Status::Ok();
-  }
-  Result<std::string> Get(std::string_view key) override {
-    MutexLock lock(mu_);
-    auto it = values_.find(std::string(key));
-    if (it == values_.end()) return NotFoundError("no " + std::string(key));
-    return it->second;
-  }
   std::vector<Status> BatchPut(std::span<const std::string> keys,
                                std::span<const std::span<const std::byte>> values,
-                               const PutConfig& config) override {
+                               const PutConfig&) override {
     std::vector<Status> out;
-    for (size_t i = 0; i < keys.size(); ++i) out.push_back(Put(keys[i], values[i], config));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out.push_back(
+          Store(keys[i], {reinterpret_cast<const char*>(values[i].data()), values[i].size()}));
+    }
     return out;
   }
   std::vector<Result<std::string>> BatchGet(std::span<const std::string> keys) override {
     std::vector<Result<std::string>> out;
-    for (const auto& key : keys) out.push_back(Get(key));
+    for (const auto& key : keys) out.push_back(Load(key));
     return out;
   }
   Status RegisterBuffer(void* ptr, size_t size) override {
@@ -58,37 +50,31 @@ class MemoryStore final : public StoreClient {
     MutexLock lock(mu_);
     return registered_.erase(ptr) > 0 ? Status::Ok() : NotFoundError("not registered");
   }
-  Status PutFrom(std::string_view key, const void* ptr, size_t size, const PutConfig& c) override {
-    return Put(key, std::span(static_cast<const std::byte*>(ptr), size), c);
-  }
-  Result<size_t> GetInto(std::string_view key, void* ptr, size_t capacity) override {
-    LARDER_ASSIGN_OR_RETURN(std::string value, Get(key));
-    if (value.size() > capacity) return InvalidArgumentError("capacity");
-    std::memcpy(ptr, value.data(), value.size());
-    return value.size();
-  }
   std::vector<Status> BatchPutFrom(std::span<const std::string> keys, std::span<void* const> ptrs,
-                                   std::span<const size_t> sizes, const PutConfig& c) override {
+                                   std::span<const size_t> sizes, const PutConfig&) override {
     std::vector<Status> out;
-    for (size_t i = 0; i < keys.size(); ++i) out.push_back(PutFrom(keys[i], ptrs[i], sizes[i], c));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out.push_back(Store(keys[i], {static_cast<const char*>(ptrs[i]), sizes[i]}));
+    }
     return out;
   }
   std::vector<Result<size_t>> BatchGetInto(std::span<const std::string> keys,
                                            std::span<void* const> ptrs,
                                            std::span<const size_t> capacities) override {
-    std::vector<Result<size_t>> out;
-    for (size_t i = 0; i < keys.size(); ++i)
-      out.push_back(GetInto(keys[i], ptrs[i], capacities[i]));
-    return out;
+    return ReadEach(keys, [&](size_t i, const std::string& value) -> Result<size_t> {
+      if (value.size() > capacities[i]) return InvalidArgumentError("capacity");
+      std::memcpy(ptrs[i], value.data(), value.size());
+      return value.size();
+    });
   }
   std::vector<Status> BatchPutFromSlices(std::span<const std::string> keys,
                                          std::span<const std::vector<BufferSlice>> slices,
-                                         const PutConfig& c) override {
+                                         const PutConfig&) override {
     std::vector<Status> out;
     for (size_t i = 0; i < keys.size(); ++i) {
       std::string value;
       for (const BufferSlice& s : slices[i]) value.append(static_cast<const char*>(s.ptr), s.size);
-      out.push_back(Put(keys[i], std::as_bytes(std::span(value)), c));
+      out.push_back(Store(keys[i], value));
     }
     return out;
   }
@@ -116,7 +102,7 @@ class MemoryStore final : public StoreClient {
   std::vector<Result<size_t>> BatchGetRanges(std::span<const ObjectRange> ranges) override {
     std::vector<Result<size_t>> out;
     for (const ObjectRange& r : ranges) {
-      auto value = Get(r.key);
+      auto value = Load(r.key);
       if (!value.ok()) {
         out.emplace_back(value.status());
       } else if (r.offset > value->size() || r.size > value->size() - r.offset) {
@@ -128,24 +114,14 @@ class MemoryStore final : public StoreClient {
     }
     return out;
   }
-  Result<bool> Exist(std::string_view key) override { return Get(key).ok(); }
   std::vector<Result<bool>> BatchExist(std::span<const std::string> keys) override {
     std::vector<Result<bool>> out;
-    for (const auto& key : keys) out.push_back(Exist(key));
+    for (const auto& key : keys) out.push_back(Load(key).ok());
     return out;
   }
   Result<uint64_t> GetSize(std::string_view key) override {
-    LARDER_ASSIGN_OR_RETURN(std::string value, Get(key));
+    LARDER_ASSIGN_OR_RETURN(std::string value, Load(key));
     return value.size();
-  }
-  Status Remove(std::string_view key, bool) override {
-    MutexLock lock(mu_);
-    return values_.erase(std::string(key)) > 0 ? Status::Ok() : NotFoundError("no key");
-  }
-  std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force) override {
-    std::vector<Status> out;
-    for (const auto& key : keys) out.push_back(Remove(key, force));
-    return out;
   }
   // One segment, one replica per object: the segment's name is this store's.
   // It keeps no use times: `unused_for` is refused.
@@ -155,9 +131,16 @@ class MemoryStore final : public StoreClient {
       return std::vector<Status>(keys.size(),
                                  UnimplementedError("the in-memory store keeps no use times"));
     }
-    if (scope.segment.empty() || scope.segment == name_) return BatchRemove(keys, scope.force);
-    return std::vector<Status>(keys.size(),
-                               NotFoundError("no segment named '" + scope.segment + "'"));
+    if (!scope.segment.empty() && scope.segment != name_) {
+      return std::vector<Status>(keys.size(),
+                                 NotFoundError("no segment named '" + scope.segment + "'"));
+    }
+    std::vector<Status> out;
+    MutexLock lock(mu_);
+    for (const auto& key : keys) {
+      out.push_back(values_.erase(key) > 0 ? Status::Ok() : NotFoundError("no key"));
+    }
+    return out;
   }
   Result<uint64_t> RemoveAll(bool) override {
     MutexLock lock(mu_);
@@ -186,12 +169,26 @@ class MemoryStore final : public StoreClient {
   }
 
  private:
-  // A result per key: Get's error, or what `read` (index, value) makes of the value.
+  // As the store: an existing key keeps its value.
+  Status Store(const std::string& key, std::string_view value) {
+    if (key.empty()) return InvalidArgumentError("empty key");
+    if (value.empty()) return InvalidArgumentError("empty value");
+    MutexLock lock(mu_);
+    values_.try_emplace(key, value);
+    return Status::Ok();
+  }
+  Result<std::string> Load(std::string_view key) {
+    MutexLock lock(mu_);
+    auto it = values_.find(std::string(key));
+    if (it == values_.end()) return NotFoundError("no " + std::string(key));
+    return it->second;
+  }
+  // A result per key: Load's error, or what `read` (index, value) makes of the value.
   template <typename ReadFn>
   std::vector<Result<size_t>> ReadEach(std::span<const std::string> keys, ReadFn read) {
     std::vector<Result<size_t>> out;
     for (size_t i = 0; i < keys.size(); ++i) {
-      Result<std::string> value = Get(keys[i]);
+      Result<std::string> value = Load(keys[i]);
       if (value.ok()) {
         out.push_back(read(i, *value));
       } else {

@@ -10,7 +10,7 @@ namespace larder::standalone {
 namespace {
 
 constexpr uint8_t kMaxStatusCode = static_cast<uint8_t>(StatusCode::kUnauthenticated);
-// Smallest encodings, for WireReader::Count.
+// Smallest encodings, for PayloadReader::Count.
 constexpr size_t kStringMin = 4;
 constexpr size_t kSliceBytes = 16;
 
@@ -64,8 +64,8 @@ bool IsRequestType(uint16_t type) {
          type <= static_cast<uint16_t>(MessageType::kBatchRemoveScoped);
 }
 
-Status CheckHeader(const FrameHeader& header, uint32_t max_length) {
-  if (header.magic != kFrameMagic) {
+Status CheckHeader(const MessageHeader& header, uint32_t max_length) {
+  if (header.magic != kMessageMagic) {
     return InvalidArgumentError("bad frame magic " + std::to_string(header.magic) +
                                 " (not a larder-client protocol LSC1 peer)");
   }
@@ -80,14 +80,14 @@ Status CheckHeader(const FrameHeader& header, uint32_t max_length) {
   return Status::Ok();
 }
 
-// ---- WireWriter ----
+// ---- PayloadWriter ----
 
-void WireWriter::String(std::string_view value) {
+void PayloadWriter::String(std::string_view value) {
   U32(static_cast<uint32_t>(value.size()));
   Raw(value.data(), value.size());
 }
 
-void WireWriter::PutStatus(const Status& status) {
+void PayloadWriter::PutStatus(const Status& status) {
   U8(static_cast<uint8_t>(status.code()));
   if (status.ok()) return;
   std::string_view message = status.message();
@@ -95,7 +95,7 @@ void WireWriter::PutStatus(const Status& status) {
   U8(static_cast<uint8_t>(status.detail()));
 }
 
-void WireWriter::PutConfig(const larder::PutConfig& config) {
+void PayloadWriter::PutConfig(const larder::PutConfig& config) {
   U32(config.replica_num);
   U32(static_cast<uint32_t>(config.preferred_segments.size()));
   for (const std::string& segment : config.preferred_segments) String(segment);
@@ -108,14 +108,14 @@ void WireWriter::PutConfig(const larder::PutConfig& config) {
   U8(config.overwrite ? 1 : 0);
 }
 
-void WireWriter::Keys(std::span<const std::string> keys) {
+void PayloadWriter::Keys(std::span<const std::string> keys) {
   U32(static_cast<uint32_t>(keys.size()));
   for (const std::string& key : keys) String(key);
 }
 
-// ---- WireReader ----
+// ---- PayloadReader ----
 
-bool WireReader::Take(void* out, size_t n) {
+bool PayloadReader::Take(void* out, size_t n) {
   if (!ok()) {
     std::memset(out, 0, n);
     return false;
@@ -131,34 +131,34 @@ bool WireReader::Take(void* out, size_t n) {
   return true;
 }
 
-uint8_t WireReader::U8() {
+uint8_t PayloadReader::U8() {
   uint8_t v;
   Take(&v, sizeof(v));
   return v;
 }
-uint16_t WireReader::U16() {
+uint16_t PayloadReader::U16() {
   uint16_t v;
   Take(&v, sizeof(v));
   return v;
 }
-uint32_t WireReader::U32() {
+uint32_t PayloadReader::U32() {
   uint32_t v;
   Take(&v, sizeof(v));
   return v;
 }
-uint64_t WireReader::U64() {
+uint64_t PayloadReader::U64() {
   uint64_t v;
   Take(&v, sizeof(v));
   return v;
 }
 
-bool WireReader::Bool(const char* what) {
+bool PayloadReader::Bool(const char* what) {
   uint8_t v = U8();
   if (v > 1) Fail(std::string(what) + " is " + std::to_string(v) + ", not 0 or 1");
   return v == 1;
 }
 
-std::string WireReader::String(uint32_t max, const char* what) {
+std::string PayloadReader::String(uint32_t max, const char* what) {
   uint32_t n = U32();
   if (!ok()) return {};
   if (n > max) {
@@ -175,7 +175,7 @@ std::string WireReader::String(uint32_t max, const char* what) {
   return out;
 }
 
-uint32_t WireReader::Count(uint32_t max, size_t min_item_bytes, const char* what) {
+uint32_t PayloadReader::Count(uint32_t max, size_t min_item_bytes, const char* what) {
   uint32_t n = U32();
   if (!ok()) return 0;
   if (n > max) {
@@ -191,7 +191,7 @@ uint32_t WireReader::Count(uint32_t max, size_t min_item_bytes, const char* what
   return n;
 }
 
-Status WireReader::GetStatus() {
+Status PayloadReader::GetStatus() {
   uint8_t code = U8();
   if (!ok() || code == 0) return Status::Ok();
   if (code > kMaxStatusCode) {
@@ -205,7 +205,7 @@ Status WireReader::GetStatus() {
   return Status(static_cast<StatusCode>(code), std::move(message)).WithDetail(detail);
 }
 
-larder::PutConfig WireReader::PutConfig() {
+larder::PutConfig PayloadReader::PutConfig() {
   larder::PutConfig config;
   config.replica_num = U32();
   uint32_t preferred = Count(kMaxPreferredSegments, kStringMin, "preferred segments");
@@ -229,7 +229,7 @@ larder::PutConfig WireReader::PutConfig() {
   return config;
 }
 
-std::vector<std::string> WireReader::Keys() {
+std::vector<std::string> PayloadReader::Keys() {
   std::vector<std::string> keys;
   uint32_t n = Count(kMaxBatchKeys, kStringMin, "keys");
   keys.reserve(n);
@@ -237,11 +237,11 @@ std::vector<std::string> WireReader::Keys() {
   return keys;
 }
 
-void WireReader::Fail(std::string message) {
+void PayloadReader::Fail(std::string message) {
   if (error_.empty()) error_ = std::move(message);
 }
 
-Status WireReader::Finish() const {
+Status PayloadReader::Finish() const {
   if (!ok()) return InvalidArgumentError("malformed payload: " + error_);
   if (pos_ != data_.size()) {
     return InvalidArgumentError("malformed payload: " + std::to_string(data_.size() - pos_) +
@@ -252,19 +252,19 @@ Status WireReader::Finish() const {
 
 // ---- requests ----
 
-void Encode(const HelloRequest& request, WireWriter* out) {
+void Encode(const HelloRequest& request, PayloadWriter* out) {
   out->U32(request.version);
   out->String(request.client_name);
 }
 
-HelloRequest DecodeHelloRequest(WireReader* in) {
+HelloRequest DecodeHelloRequest(PayloadReader* in) {
   HelloRequest request;
   request.version = in->U32();
   request.client_name = in->String(kMaxNameBytes, "client name");
   return request;
 }
 
-void Encode(const HelloReply& reply, WireWriter* out) {
+void Encode(const HelloReply& reply, PayloadWriter* out) {
   out->U32(reply.version);
   out->String(reply.segment_name);
   out->String(reply.tenant_id);
@@ -276,7 +276,7 @@ void Encode(const HelloReply& reply, WireWriter* out) {
   out->U32(reply.max_in_flight);
 }
 
-HelloReply DecodeHelloReply(WireReader* in) {
+HelloReply DecodeHelloReply(PayloadReader* in) {
   HelloReply reply;
   reply.version = in->U32();
   reply.segment_name = in->String(kMaxNameBytes, "segment name");
@@ -290,13 +290,13 @@ HelloReply DecodeHelloReply(WireReader* in) {
   return reply;
 }
 
-void Encode(const RegisterSharedRequest& request, WireWriter* out) {
+void Encode(const RegisterSharedRequest& request, PayloadWriter* out) {
   out->U64(request.client_address);
   out->U64(request.size);
   out->U64(request.fd_offset);
 }
 
-RegisterSharedRequest DecodeRegisterShared(WireReader* in) {
+RegisterSharedRequest DecodeRegisterShared(PayloadReader* in) {
   RegisterSharedRequest request;
   request.client_address = in->U64();
   request.size = in->U64();
@@ -304,7 +304,7 @@ RegisterSharedRequest DecodeRegisterShared(WireReader* in) {
   return request;
 }
 
-void EncodeKeyedBuffers(std::span<const KeyedBuffer> items, WireWriter* out) {
+void EncodeKeyedBuffers(std::span<const KeyedBuffer> items, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(items.size()));
   for (const KeyedBuffer& item : items) {
     out->String(item.key);
@@ -313,7 +313,7 @@ void EncodeKeyedBuffers(std::span<const KeyedBuffer> items, WireWriter* out) {
   }
 }
 
-std::vector<KeyedBuffer> DecodeKeyedBuffers(WireReader* in) {
+std::vector<KeyedBuffer> DecodeKeyedBuffers(PayloadReader* in) {
   std::vector<KeyedBuffer> items(in->Count(kMaxBatchKeys, kStringMin + kSliceBytes, "keys"));
   for (KeyedBuffer& item : items) {
     item.key = in->String(kMaxKeyBytes, "key");
@@ -324,7 +324,7 @@ std::vector<KeyedBuffer> DecodeKeyedBuffers(WireReader* in) {
   return items;
 }
 
-void EncodeSlicedKeys(std::span<const SlicedKey> items, WireWriter* out) {
+void EncodeSlicedKeys(std::span<const SlicedKey> items, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(items.size()));
   for (const SlicedKey& item : items) {
     out->String(item.key);
@@ -336,7 +336,7 @@ void EncodeSlicedKeys(std::span<const SlicedKey> items, WireWriter* out) {
   }
 }
 
-std::vector<SlicedKey> DecodeSlicedKeys(WireReader* in) {
+std::vector<SlicedKey> DecodeSlicedKeys(PayloadReader* in) {
   std::vector<SlicedKey> items(in->Count(kMaxBatchKeys, kStringMin + 4, "keys"));
   size_t total = 0;
   for (SlicedKey& item : items) {
@@ -356,7 +356,7 @@ std::vector<SlicedKey> DecodeSlicedKeys(WireReader* in) {
   return items;
 }
 
-void EncodeRanges(std::span<const WireRange> items, WireWriter* out) {
+void EncodeRanges(std::span<const WireRange> items, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(items.size()));
   for (const WireRange& item : items) {
     out->String(item.key);
@@ -366,7 +366,7 @@ void EncodeRanges(std::span<const WireRange> items, WireWriter* out) {
   }
 }
 
-std::vector<WireRange> DecodeRanges(WireReader* in) {
+std::vector<WireRange> DecodeRanges(PayloadReader* in) {
   std::vector<WireRange> items(in->Count(kMaxBatchKeys, kStringMin + 24, "ranges"));
   for (WireRange& item : items) {
     item.key = in->String(kMaxKeyBytes, "key");
@@ -378,13 +378,13 @@ std::vector<WireRange> DecodeRanges(WireReader* in) {
   return items;
 }
 
-void Encode(const StagedGetRequest& request, WireWriter* out) {
+void Encode(const StagedGetRequest& request, PayloadWriter* out) {
   out->U64(request.staging.address);
   out->U64(request.staging.size);
   out->Keys(request.keys);
 }
 
-StagedGetRequest DecodeStagedGet(WireReader* in) {
+StagedGetRequest DecodeStagedGet(PayloadReader* in) {
   StagedGetRequest request;
   request.staging.address = in->U64();
   request.staging.size = in->U64();
@@ -394,14 +394,14 @@ StagedGetRequest DecodeStagedGet(WireReader* in) {
 
 // ---- replies ----
 
-void EncodeStatuses(std::span<const Status> statuses, WireWriter* out) {
+void EncodeStatuses(std::span<const Status> statuses, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(statuses.size()));
   for (const Status& status : statuses) out->PutStatus(status);
 }
 
 namespace {
 
-uint32_t ExpectCount(WireReader* in, size_t expected, size_t min_item_bytes) {
+uint32_t ExpectCount(PayloadReader* in, size_t expected, size_t min_item_bytes) {
   uint32_t n = in->Count(kMaxBatchKeys, min_item_bytes, "results");
   if (in->ok() && n != expected) {
     in->Fail(std::to_string(n) + " results for " + std::to_string(expected) + " items");
@@ -412,7 +412,7 @@ uint32_t ExpectCount(WireReader* in, size_t expected, size_t min_item_bytes) {
 
 }  // namespace
 
-std::vector<Status> DecodeStatuses(WireReader* in, size_t expected) {
+std::vector<Status> DecodeStatuses(PayloadReader* in, size_t expected) {
   uint32_t n = ExpectCount(in, expected, 1);
   std::vector<Status> statuses;
   statuses.reserve(n);
@@ -420,7 +420,7 @@ std::vector<Status> DecodeStatuses(WireReader* in, size_t expected) {
   return statuses;
 }
 
-void EncodeSizes(std::span<const Result<size_t>> sizes, WireWriter* out) {
+void EncodeSizes(std::span<const Result<size_t>> sizes, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(sizes.size()));
   for (const Result<size_t>& size : sizes) {
     out->PutStatus(size.status());
@@ -428,7 +428,7 @@ void EncodeSizes(std::span<const Result<size_t>> sizes, WireWriter* out) {
   }
 }
 
-std::vector<Result<size_t>> DecodeSizes(WireReader* in, size_t expected) {
+std::vector<Result<size_t>> DecodeSizes(PayloadReader* in, size_t expected) {
   uint32_t n = ExpectCount(in, expected, 1);
   std::vector<Result<size_t>> sizes;
   sizes.reserve(n);
@@ -443,7 +443,7 @@ std::vector<Result<size_t>> DecodeSizes(WireReader* in, size_t expected) {
   return sizes;
 }
 
-void EncodeBools(std::span<const Result<bool>> values, WireWriter* out) {
+void EncodeBools(std::span<const Result<bool>> values, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(values.size()));
   for (const Result<bool>& value : values) {
     out->PutStatus(value.status());
@@ -451,7 +451,7 @@ void EncodeBools(std::span<const Result<bool>> values, WireWriter* out) {
   }
 }
 
-std::vector<Result<bool>> DecodeBools(WireReader* in, size_t expected) {
+std::vector<Result<bool>> DecodeBools(PayloadReader* in, size_t expected) {
   uint32_t n = ExpectCount(in, expected, 1);
   std::vector<Result<bool>> values;
   values.reserve(n);
@@ -466,7 +466,7 @@ std::vector<Result<bool>> DecodeBools(WireReader* in, size_t expected) {
   return values;
 }
 
-void EncodeObjectInfos(std::span<const Result<ObjectInfo>> infos, WireWriter* out) {
+void EncodeObjectInfos(std::span<const Result<ObjectInfo>> infos, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(infos.size()));
   for (const Result<ObjectInfo>& info : infos) {
     out->PutStatus(info.status());
@@ -482,7 +482,7 @@ void EncodeObjectInfos(std::span<const Result<ObjectInfo>> infos, WireWriter* ou
   }
 }
 
-std::vector<Result<ObjectInfo>> DecodeObjectInfos(WireReader* in, size_t expected) {
+std::vector<Result<ObjectInfo>> DecodeObjectInfos(PayloadReader* in, size_t expected) {
   uint32_t n = ExpectCount(in, expected, 1);
   std::vector<Result<ObjectInfo>> infos;
   infos.reserve(n);
@@ -508,7 +508,7 @@ std::vector<Result<ObjectInfo>> DecodeObjectInfos(WireReader* in, size_t expecte
   return infos;
 }
 
-void EncodeStagedItems(std::span<const StagedItem> items, WireWriter* out) {
+void EncodeStagedItems(std::span<const StagedItem> items, PayloadWriter* out) {
   out->U32(static_cast<uint32_t>(items.size()));
   for (const StagedItem& item : items) {
     out->U8(item.kind);
@@ -520,7 +520,7 @@ void EncodeStagedItems(std::span<const StagedItem> items, WireWriter* out) {
   }
 }
 
-std::vector<StagedItem> DecodeStagedItems(WireReader* in, size_t expected) {
+std::vector<StagedItem> DecodeStagedItems(PayloadReader* in, size_t expected) {
   uint32_t n = ExpectCount(in, expected, 1);
   std::vector<StagedItem> items(n);
   for (StagedItem& item : items) {

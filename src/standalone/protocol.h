@@ -1,16 +1,16 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
 // The larder-client socket protocol "LSC1" (docs/standalone.md): length-prefixed frames carrying
-// a small binary encoding, shared by the daemon (daemon.cc, session.cc) and the attach side
-// (attach.cc).
+// a small binary encoding, shared by the daemon (daemon.cc, attach_connection.cc) and the attach
+// side (attach.cc).
 //
-// Every frame is a 24-byte FrameHeader and `length` payload bytes. Integers are little-endian
+// Every frame is a 24-byte MessageHeader and `length` payload bytes. Integers are little-endian
 // (host order; both ends are on one host). A payload is a sequence of fields: u8/u16/u32/u64, and
-// strings as a u32 length and the bytes. Requests are decoded with WireReader, which checks every
-// length against what is left and against a limit before it allocates, and fails for a missing or
-// trailing byte: a decoder never trusts the peer.
+// strings as a u32 length and the bytes. Requests are decoded with PayloadReader, which checks
+// every length against what is left and against a limit before it allocates, and fails for a
+// missing or trailing byte: a decoder never trusts the peer.
 //
-// Thread-safety: the types here are values; WireReader and WireWriter are used by one thread.
+// Thread-safety: the types here are values; PayloadReader and PayloadWriter are used by one thread.
 #pragma once
 
 #include <cstddef>
@@ -26,7 +26,7 @@
 
 namespace larder::standalone {
 
-inline constexpr uint32_t kFrameMagic = 0x3143534c;  // "LSC1"
+inline constexpr uint32_t kMessageMagic = 0x3143534c;  // "LSC1"
 // 2: a status carries its ErrorDetail after the message.
 // 3: kBatchRemoveReplicas. 4: kBatchRemoveScoped.
 inline constexpr uint32_t kProtocolVersion = 4;
@@ -74,22 +74,22 @@ std::string MessageTypeName(uint16_t type);
 // True for the request types above (not kGoodbye, not replies).
 bool IsRequestType(uint16_t type);
 
-struct FrameHeader {
-  uint32_t magic = kFrameMagic;
+struct MessageHeader {
+  uint32_t magic = kMessageMagic;
   uint16_t type = 0;
   uint16_t flags = 0;  // none defined: must be 0
   uint64_t request_id = 0;
   uint32_t length = 0;    // payload bytes
   uint32_t reserved = 0;  // must be 0
 };
-static_assert(sizeof(FrameHeader) == 24);
+static_assert(sizeof(MessageHeader) == 24);
 
 // OK when the header is well formed for a frame of at most `max_length` payload bytes; otherwise
 // InvalidArgument saying what is wrong.
-Status CheckHeader(const FrameHeader& header, uint32_t max_length);
+Status CheckHeader(const MessageHeader& header, uint32_t max_length);
 
 // Appends fields to a payload.
-class WireWriter {
+class PayloadWriter {
  public:
   void U8(uint8_t value) { Raw(&value, 1); }
   void U16(uint16_t value) { Raw(&value, sizeof(value)); }
@@ -111,9 +111,9 @@ class WireWriter {
 
 // Reads fields from a payload. The first failure sticks: later reads return zeros, and status()
 // says what went wrong first.
-class WireReader {
+class PayloadReader {
  public:
-  explicit WireReader(std::string_view data) : data_(data) {}
+  explicit PayloadReader(std::string_view data) : data_(data) {}
 
   uint8_t U8();
   uint16_t U16();
@@ -205,35 +205,35 @@ struct StagedItem {
   uint64_t offset = 0;  // kPlaced: inside the staging region
 };
 
-void Encode(const HelloRequest& request, WireWriter* out);
-HelloRequest DecodeHelloRequest(WireReader* in);
-void Encode(const HelloReply& reply, WireWriter* out);
-HelloReply DecodeHelloReply(WireReader* in);
+void Encode(const HelloRequest& request, PayloadWriter* out);
+HelloRequest DecodeHelloRequest(PayloadReader* in);
+void Encode(const HelloReply& reply, PayloadWriter* out);
+HelloReply DecodeHelloReply(PayloadReader* in);
 
-void Encode(const RegisterSharedRequest& request, WireWriter* out);
-RegisterSharedRequest DecodeRegisterShared(WireReader* in);
+void Encode(const RegisterSharedRequest& request, PayloadWriter* out);
+RegisterSharedRequest DecodeRegisterShared(PayloadReader* in);
 
-void EncodeKeyedBuffers(std::span<const KeyedBuffer> items, WireWriter* out);
-std::vector<KeyedBuffer> DecodeKeyedBuffers(WireReader* in);
-void EncodeSlicedKeys(std::span<const SlicedKey> items, WireWriter* out);
-std::vector<SlicedKey> DecodeSlicedKeys(WireReader* in);
-void EncodeRanges(std::span<const WireRange> items, WireWriter* out);
-std::vector<WireRange> DecodeRanges(WireReader* in);
-void Encode(const StagedGetRequest& request, WireWriter* out);
-StagedGetRequest DecodeStagedGet(WireReader* in);
+void EncodeKeyedBuffers(std::span<const KeyedBuffer> items, PayloadWriter* out);
+std::vector<KeyedBuffer> DecodeKeyedBuffers(PayloadReader* in);
+void EncodeSlicedKeys(std::span<const SlicedKey> items, PayloadWriter* out);
+std::vector<SlicedKey> DecodeSlicedKeys(PayloadReader* in);
+void EncodeRanges(std::span<const WireRange> items, PayloadWriter* out);
+std::vector<WireRange> DecodeRanges(PayloadReader* in);
+void Encode(const StagedGetRequest& request, PayloadWriter* out);
+StagedGetRequest DecodeStagedGet(PayloadReader* in);
 
 // ---- reply bodies (after the reply's leading status, when it is OK) ----
 
-void EncodeStatuses(std::span<const Status> statuses, WireWriter* out);
+void EncodeStatuses(std::span<const Status> statuses, PayloadWriter* out);
 // Exactly `expected` statuses; the reader fails otherwise.
-std::vector<Status> DecodeStatuses(WireReader* in, size_t expected);
-void EncodeSizes(std::span<const Result<size_t>> sizes, WireWriter* out);
-std::vector<Result<size_t>> DecodeSizes(WireReader* in, size_t expected);
-void EncodeBools(std::span<const Result<bool>> values, WireWriter* out);
-std::vector<Result<bool>> DecodeBools(WireReader* in, size_t expected);
-void EncodeObjectInfos(std::span<const Result<ObjectInfo>> infos, WireWriter* out);
-std::vector<Result<ObjectInfo>> DecodeObjectInfos(WireReader* in, size_t expected);
-void EncodeStagedItems(std::span<const StagedItem> items, WireWriter* out);
-std::vector<StagedItem> DecodeStagedItems(WireReader* in, size_t expected);
+std::vector<Status> DecodeStatuses(PayloadReader* in, size_t expected);
+void EncodeSizes(std::span<const Result<size_t>> sizes, PayloadWriter* out);
+std::vector<Result<size_t>> DecodeSizes(PayloadReader* in, size_t expected);
+void EncodeBools(std::span<const Result<bool>> values, PayloadWriter* out);
+std::vector<Result<bool>> DecodeBools(PayloadReader* in, size_t expected);
+void EncodeObjectInfos(std::span<const Result<ObjectInfo>> infos, PayloadWriter* out);
+std::vector<Result<ObjectInfo>> DecodeObjectInfos(PayloadReader* in, size_t expected);
+void EncodeStagedItems(std::span<const StagedItem> items, PayloadWriter* out);
+std::vector<StagedItem> DecodeStagedItems(PayloadReader* in, size_t expected);
 
 }  // namespace larder::standalone

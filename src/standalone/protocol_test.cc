@@ -25,7 +25,7 @@ PutConfig SampleConfig() {
 }
 
 std::string EncodedPut() {
-  WireWriter out;
+  PayloadWriter out;
   out.PutConfig(SampleConfig());
   std::vector<KeyedBuffer> items = {{"k1", {0x1000, 10}}, {std::string("k\0two", 5), {0x2000, 7}}};
   EncodeKeyedBuffers(items, &out);
@@ -34,7 +34,7 @@ std::string EncodedPut() {
 
 TEST(WireTest, PutFromRoundTrips) {
   std::string payload = EncodedPut();
-  WireReader in(payload);
+  PayloadReader in(payload);
   PutConfig config = in.PutConfig();
   std::vector<KeyedBuffer> items = DecodeKeyedBuffers(&in);
   ASSERT_TRUE(in.Finish().ok()) << in.Finish();
@@ -54,57 +54,57 @@ TEST(WireTest, PutFromRoundTrips) {
 TEST(WireTest, EveryTruncationIsMalformed) {
   std::string payload = EncodedPut();
   for (size_t n = 0; n < payload.size(); ++n) {
-    WireReader in(std::string_view(payload).substr(0, n));
+    PayloadReader in(std::string_view(payload).substr(0, n));
     in.PutConfig();
     DecodeKeyedBuffers(&in);
     EXPECT_EQ(in.Finish().code(), StatusCode::kInvalidArgument) << "prefix of " << n << " bytes";
   }
   const std::string longer = payload + "x";
-  WireReader trailing(longer);
+  PayloadReader trailing(longer);
   trailing.PutConfig();
   DecodeKeyedBuffers(&trailing);
   EXPECT_NE(trailing.Finish().message().find("trailing"), std::string::npos);
 }
 
 TEST(WireTest, CountsCannotPromiseMoreThanTheBytesHold) {
-  WireWriter out;
+  PayloadWriter out;
   out.U32(kMaxBatchKeys);  // 65536 keys in 8 bytes
   out.U64(0);
-  WireReader in(out.data());
+  PayloadReader in(out.data());
   std::vector<std::string> keys = in.Keys();
   EXPECT_TRUE(keys.empty());
   EXPECT_NE(in.Finish().message().find("cannot fit"), std::string::npos) << in.Finish();
 
-  WireWriter many;
+  PayloadWriter many;
   many.U32(kMaxBatchKeys + 1);
-  WireReader over(many.data());
+  PayloadReader over(many.data());
   over.Keys();
   EXPECT_NE(over.Finish().message().find("split the batch"), std::string::npos) << over.Finish();
 }
 
 TEST(WireTest, OversizedStringsAndBadEnumsAreRefused) {
   {
-    WireWriter out;
+    PayloadWriter out;
     out.U32(1);
     out.U32(kMaxKeyBytes + 1);  // the length alone; no bytes follow
-    WireReader in(out.data());
+    PayloadReader in(out.data());
     in.Keys();
     EXPECT_NE(in.Finish().message().find("exceeds the limit"), std::string::npos) << in.Finish();
   }
   {
     PutConfig config;
-    WireWriter out;
+    PayloadWriter out;
     out.PutConfig(config);
     std::string bytes = out.Take();
     bytes[4 + 4 + 1] = 7;  // soft pin action after replica_num, count, pin
-    WireReader in(bytes);
+    PayloadReader in(bytes);
     in.PutConfig();
     EXPECT_NE(in.Finish().message().find("soft pin action"), std::string::npos) << in.Finish();
   }
   {
-    WireWriter out;
+    PayloadWriter out;
     out.U8(200);  // no such status code
-    WireReader in(out.data());
+    PayloadReader in(out.data());
     Status status = in.GetStatus();
     EXPECT_TRUE(status.ok());
     EXPECT_FALSE(in.Finish().ok());
@@ -112,11 +112,11 @@ TEST(WireTest, OversizedStringsAndBadEnumsAreRefused) {
 }
 
 TEST(WireTest, StatusDetailRoundTripsAndAnUnknownOneReadsAsNone) {
-  WireWriter out;
+  PayloadWriter out;
   out.PutStatus(UnavailableError("key 'k' is leased").WithDetail(ErrorDetail::kLeased));
   out.PutStatus(FailedPreconditionError("gone").WithDetail(ErrorDetail::kRemountRequired));
   out.PutStatus(NotFoundError("plain"));
-  WireReader in(out.data());
+  PayloadReader in(out.data());
   Status leased = in.GetStatus();
   EXPECT_EQ(leased.code(), StatusCode::kUnavailable);
   EXPECT_EQ(leased.detail(), ErrorDetail::kLeased);
@@ -125,11 +125,11 @@ TEST(WireTest, StatusDetailRoundTripsAndAnUnknownOneReadsAsNone) {
   EXPECT_EQ(in.GetStatus().detail(), ErrorDetail::kNone);
   EXPECT_TRUE(in.Finish().ok()) << in.Finish();
 
-  WireWriter future;
+  PayloadWriter future;
   future.PutStatus(UnavailableError("x"));
   std::string bytes = future.Take();
   bytes.back() = static_cast<char>(200);  // a detail from a newer build
-  WireReader read(bytes);
+  PayloadReader read(bytes);
   Status status = read.GetStatus();
   EXPECT_EQ(status.code(), StatusCode::kUnavailable);
   EXPECT_EQ(status.detail(), ErrorDetail::kNone);
@@ -137,7 +137,7 @@ TEST(WireTest, StatusDetailRoundTripsAndAnUnknownOneReadsAsNone) {
 }
 
 TEST(WireTest, RepliesRoundTrip) {
-  WireWriter out;
+  PayloadWriter out;
   std::vector<Result<size_t>> sizes = {size_t{5}, NotFoundError("gone"), size_t{0}};
   EncodeSizes(sizes, &out);
   ObjectInfo info;
@@ -151,7 +151,7 @@ TEST(WireTest, RepliesRoundTrip) {
   staged[2] = StagedItem{StagedItem::kDeferred, Status(), 0, 0};
   EncodeStagedItems(staged, &out);
 
-  WireReader in(out.data());
+  PayloadReader in(out.data());
   auto got_sizes = DecodeSizes(&in, 3);
   auto got_infos = DecodeObjectInfos(&in, 2);
   auto got_staged = DecodeStagedItems(&in, 3);
@@ -165,7 +165,7 @@ TEST(WireTest, RepliesRoundTrip) {
   EXPECT_EQ(got_staged[1].status.message(), "too big");
   EXPECT_EQ(got_staged[2].kind, StagedItem::kDeferred);
 
-  WireReader wrong_count(out.data());
+  PayloadReader wrong_count(out.data());
   DecodeSizes(&wrong_count, 4);
   EXPECT_FALSE(wrong_count.Finish().ok());
 }
@@ -186,43 +186,43 @@ TEST(WireTest, RandomPayloadsNeverCrashTheDecoders) {
         bytes[rng() % bytes.size()] = static_cast<char>(rng());
     }
     auto run = [&](auto decode) {
-      WireReader in(bytes);
+      PayloadReader in(bytes);
       decode(&in);
       in.Finish().IgnoreError();
     };
-    run([](WireReader* in) { DecodeHelloRequest(in); });
-    run([](WireReader* in) { DecodeHelloReply(in); });
-    run([](WireReader* in) { DecodeRegisterShared(in); });
-    run([](WireReader* in) {
+    run([](PayloadReader* in) { DecodeHelloRequest(in); });
+    run([](PayloadReader* in) { DecodeHelloReply(in); });
+    run([](PayloadReader* in) { DecodeRegisterShared(in); });
+    run([](PayloadReader* in) {
       in->PutConfig();
       DecodeKeyedBuffers(in);
     });
-    run([](WireReader* in) {
+    run([](PayloadReader* in) {
       in->PutConfig();
       DecodeSlicedKeys(in);
     });
-    run([](WireReader* in) { DecodeRanges(in); });
-    run([](WireReader* in) { DecodeStagedGet(in); });
-    run([](WireReader* in) { in->Keys(); });
-    run([](WireReader* in) { DecodeStatuses(in, 3); });
-    run([](WireReader* in) { DecodeSizes(in, 2); });
-    run([](WireReader* in) { DecodeBools(in, 2); });
-    run([](WireReader* in) { DecodeObjectInfos(in, 1); });
-    run([](WireReader* in) { DecodeStagedItems(in, 2); });
+    run([](PayloadReader* in) { DecodeRanges(in); });
+    run([](PayloadReader* in) { DecodeStagedGet(in); });
+    run([](PayloadReader* in) { in->Keys(); });
+    run([](PayloadReader* in) { DecodeStatuses(in, 3); });
+    run([](PayloadReader* in) { DecodeSizes(in, 2); });
+    run([](PayloadReader* in) { DecodeBools(in, 2); });
+    run([](PayloadReader* in) { DecodeObjectInfos(in, 1); });
+    run([](PayloadReader* in) { DecodeStagedItems(in, 2); });
   }
 }
 
 TEST(FrameTest, HeadersAreChecked) {
-  FrameHeader header;
+  MessageHeader header;
   header.type = static_cast<uint16_t>(MessageType::kHello);
   EXPECT_TRUE(CheckHeader(header, kMaxFrameBytes).ok());
-  FrameHeader magic = header;
+  MessageHeader magic = header;
   magic.magic = 0x12345678;
   EXPECT_NE(CheckHeader(magic, kMaxFrameBytes).message().find("magic"), std::string::npos);
-  FrameHeader flags = header;
+  MessageHeader flags = header;
   flags.flags = 1;
   EXPECT_FALSE(CheckHeader(flags, kMaxFrameBytes).ok());
-  FrameHeader big = header;
+  MessageHeader big = header;
   big.length = kMaxFrameBytes + 1;
   EXPECT_NE(CheckHeader(big, kMaxFrameBytes).message().find("exceeds the limit"),
             std::string::npos);

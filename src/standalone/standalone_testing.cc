@@ -12,22 +12,7 @@
 
 namespace larder::standalone::testing {
 
-std::string Bin(const std::string& name) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/" + name;
-}
-
-Result<MasterProcess> StartMaster() {
-  LARDER_ASSIGN_OR_RETURN(
-      ChildProcess child,
-      ChildProcess::Spawn({Bin("larder-master"), "--host", "127.0.0.1", "--port", "0",
-                           "--http-port", "-1", "--parent-watch"},
-                          {}, std::chrono::seconds(60)));
-  MasterProcess master;
-  master.address = child.address().substr(0, child.address().find(' '));
-  master.process = std::move(child);
-  return master;
-}
+Result<MasterProcess> StartMaster() { return test::SpawnMaster("", "0", {}, {}); }
 
 Result<DaemonProcess> StartDaemon(const std::string& master, const std::string& socket,
                                   const std::vector<std::string>& flags) {
@@ -119,16 +104,6 @@ AttachOptions AttachTo(const std::string& socket) {
   AttachOptions options;
   options.socket = socket;
   return options;
-}
-
-bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (condition()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    // Polling interval, not a wait for something to happen: the deadline bounds the wait.
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
 }
 
 }  // namespace larder::standalone::testing

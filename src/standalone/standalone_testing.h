@@ -2,7 +2,7 @@
 //
 // Test helpers for the standalone daemon: spawning larder-master and larder-client processes
 // from LARDER_BIN_DIR (one pair for a whole test suite), unique socket names, memfds to share,
-// the byte pattern attached processes write, and waiting on a condition with a deadline.
+// the byte pattern attached processes write.
 #pragma once
 
 #include <chrono>
@@ -18,16 +18,17 @@
 #include "common/net.h"
 #include "larder/standalone.h"
 #include "larder/status.h"
+#include "testing/binaries.h"
+#include "testing/master_process.h"
+#include "testing/wait.h"
 
 namespace larder::standalone::testing {
 
-// Path of a binary built next to the tests.
-std::string Bin(const std::string& name);
+using larder::test::Bin;
+using larder::test::MasterProcess;
+using larder::test::WaitUntil;
 
-struct MasterProcess {
-  ChildProcess process;
-  std::string address;  // ip:port
-};
+// A larder-master on loopback.
 Result<MasterProcess> StartMaster();
 
 struct DaemonProcess {
@@ -89,8 +90,5 @@ int64_t FirstMismatch(std::string_view key, const void* data, uint64_t size);
 
 // Default options with `socket`.
 AttachOptions AttachTo(const std::string& socket);
-
-// Calls `condition` until it returns true or `timeout` passes; returns its last answer.
-bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
 
 }  // namespace larder::standalone::testing

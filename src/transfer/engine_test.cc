@@ -612,7 +612,7 @@ TEST_F(ProtocolResolutionTest, EveryCombinationFollowsTheRule) {
           store ? std::optional<std::string>(*store == "x" ? "device,tcp" : *store) : std::nullopt;
       ScopedEnv pd_env("LARDER_PROTOCOL", pd_value);
       ScopedEnv store_env("LARDER_STORE_PROTOCOL", store_value);
-      for (EngineRole role : {EngineRole::kStandalone, EngineRole::kStore}) {
+      for (EngineRole role : {EngineRole::kPd, EngineRole::kStore}) {
         for (std::string configured : {"", "shm"}) {
           std::string expected = "auto";
           if (pd_value && !pd_value->empty()) expected = *pd_value;
@@ -642,7 +642,7 @@ TEST_F(ProtocolResolutionTest, EveryCombinationFollowsTheRule) {
 }
 
 TEST_F(ProtocolResolutionTest, DefaultsToAuto) {
-  EXPECT_EQ(ResolveProtocol(EngineRole::kStandalone, ""), "auto");
+  EXPECT_EQ(ResolveProtocol(EngineRole::kPd, ""), "auto");
   EXPECT_EQ(ResolveProtocol(EngineRole::kStore, ""), "auto");
 }
 
@@ -651,7 +651,7 @@ TEST_F(ProtocolResolutionTest, StoreRoleUsesTheStoreVariable) {
   setenv("LARDER_STORE_PROTOCOL", "tcp", 1);
   EXPECT_EQ(ResolveProtocol(EngineRole::kStore, ""), "tcp");
   // Only the store role reads the store variable.
-  EXPECT_EQ(ResolveProtocol(EngineRole::kStandalone, ""), "shm");
+  EXPECT_EQ(ResolveProtocol(EngineRole::kPd, ""), "shm");
   // Resolution never writes the environment.
   EXPECT_STREQ(std::getenv("LARDER_PROTOCOL"), "shm");
   EXPECT_STREQ(std::getenv("LARDER_STORE_PROTOCOL"), "tcp");
@@ -669,7 +669,7 @@ TEST_F(ProtocolResolutionTest, EmptyStoreVariableFallsBackToLarderProtocol) {
 
 TEST_F(ProtocolResolutionTest, StandaloneIgnoresTheStoreVariable) {
   setenv("LARDER_STORE_PROTOCOL", "tcp", 1);
-  EXPECT_EQ(ResolveProtocol(EngineRole::kStandalone, ""), "auto");
+  EXPECT_EQ(ResolveProtocol(EngineRole::kPd, ""), "auto");
   EXPECT_STREQ(std::getenv("LARDER_STORE_PROTOCOL"), "tcp");
   EXPECT_EQ(std::getenv("LARDER_PROTOCOL"), nullptr);
 }
@@ -678,7 +678,7 @@ TEST_F(ProtocolResolutionTest, ExplicitConfigurationWins) {
   setenv("LARDER_PROTOCOL", "shm", 1);
   setenv("LARDER_STORE_PROTOCOL", "tcp", 1);
   EXPECT_EQ(ResolveProtocol(EngineRole::kStore, "local"), "local");
-  EXPECT_EQ(ResolveProtocol(EngineRole::kStandalone, "local"), "local");
+  EXPECT_EQ(ResolveProtocol(EngineRole::kPd, "local"), "local");
   EXPECT_STREQ(std::getenv("LARDER_PROTOCOL"), "shm");
   EXPECT_STREQ(std::getenv("LARDER_STORE_PROTOCOL"), "tcp");
 }

@@ -19,6 +19,8 @@
 #include "common/child_process.h"
 #include "larder/store_client.h"
 #include "larder/version.h"
+#include "testing/binaries.h"
+#include "testing/master_process.h"
 
 namespace larder {
 namespace {
@@ -30,10 +32,7 @@ using std::chrono::seconds;
 constexpr char kClusterToken[] = "cluster-token-of-the-ctl-test-0123456789";
 constexpr char kAdminToken[] = "admin-token-of-the-ctl-test-0123456789";
 
-std::string Bin(const std::string& name) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/" + name;
-}
+using larder::test::Bin;
 
 std::string Quote(const std::string& arg) {
   std::string out = "'";
@@ -73,16 +72,14 @@ class CtlTest : public ::testing::Test {
     std::ofstream(dir_ / "cluster.token") << kClusterToken << "\n";
     std::ofstream(dir_ / "admin.token") << kAdminToken << "\n";
     std::ofstream(dir_ / "wrong.token") << "not-the-admin-token-0123456789\n";
-    auto master = ChildProcess::Spawn(
-        {Bin("larder-master"), "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
-         "--parent-watch", "--auth-token-file", (dir_ / "cluster.token").string(),
-         "--admin-token-file", (dir_ / "admin.token").string()},
-        {}, seconds(20));
+    auto master = larder::test::SpawnMaster("", "0",
+                                            {"--auth-token-file", (dir_ / "cluster.token").string(),
+                                             "--admin-token-file", (dir_ / "admin.token").string()},
+                                            {});
     ASSERT_TRUE(master.ok()) << master.status();
-    const std::string announced = master->address();
-    address_ = announced.substr(0, announced.find(' '));
-    http_ = "127.0.0.1:" + announced.substr(announced.find(' ') + 1);
-    master_ = std::move(*master);
+    address_ = master->address;
+    http_ = "127.0.0.1:" + std::to_string(master->http_port);
+    master_ = std::move(master->process);
 
     StoreClientOptions options;
     options.master_address = address_;

@@ -13,8 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/netns.h"
 #include "common/child_process.h"
+#include "testing/binaries.h"
+#include "testing/netns.h"
 #include "transfer/device/device_transport.h"
 
 namespace larder {
@@ -24,10 +25,7 @@ using json = nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-std::string Bin(const std::string& name) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/" + name;
-}
+using larder::test::Bin;
 
 // Removes what a bench with this pid may have left (a killed bench cannot tear down), even when
 // an assertion ends the test early.
@@ -35,7 +33,7 @@ class NamespaceCleanup {
  public:
   explicit NamespaceCleanup(pid_t pid) : pid_(pid) {}
   ~NamespaceCleanup() {
-    if (pid_ > 0 && bench::NetnsUsable().ok()) bench::RemoveNamespacesOfPid(pid_);
+    if (pid_ > 0 && larder::test::NetnsUsable().ok()) larder::test::RemoveNamespacesOfPid(pid_);
   }
 
  private:
@@ -99,9 +97,9 @@ BenchRun RunDeployment(std::vector<std::string> flags) {
   }
   pid_t pid = child->pid();
   run.exit_status = child->Stop(seconds(10));
-  if (bench::NetnsUsable().ok()) {
+  if (larder::test::NetnsUsable().ok()) {
     // The bench removes its namespace on exit; look for one named after it.
-    std::string ip = bench::IpProgram();
+    std::string ip = larder::test::IpProgram();
     auto listed = ChildProcess::Spawn(
         {"/bin/sh", "-c", "echo READY ns; exec \"$0\" netns list", ip}, {}, seconds(10));
     if (listed.ok()) {
@@ -123,7 +121,7 @@ uint64_t U64(const json& object, const std::string& field) {
 
 // What every run must show, faults or not. `pd_route`: the route of the decode's pulls.
 void ExpectTopology(const json& s, const std::string& pd_route = "tcp") {
-  EXPECT_EQ(s["netns"].get<bool>(), bench::NetnsUsable().ok()) << s.dump();
+  EXPECT_EQ(s["netns"].get<bool>(), larder::test::NetnsUsable().ok()) << s.dump();
   // The decode is another host: its PD transfers use the network, never shm.
   for (const auto& [route, n] : s["pd_routes"].items()) EXPECT_EQ(route, pd_route) << s.dump();
   EXPECT_GT(U64(s, "pd_transfers"), 0u);

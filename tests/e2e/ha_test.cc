@@ -21,7 +21,10 @@
 
 #include "common/child_process.h"
 #include "etcd/etcd_client.h"
+#include "etcd/etcd_fixture.h"
 #include "etcd/etcd_test_server.h"
+#include "testing/binaries.h"
+#include "testing/master_process.h"
 
 namespace larder {
 namespace {
@@ -35,37 +38,21 @@ constexpr uint64_t kValueSize = 4096;
 constexpr int kObjectsPerClient = 500;
 constexpr char kCluster[] = "ha-e2e";
 
-std::string Bin(const std::string& name) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/" + name;
-}
+using larder::test::Bin;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch())
       .count();
 }
 
-struct Master {
-  ChildProcess process;
-  std::string address;  // ip:port
-  int http_port = 0;
-  std::string port() const { return address.substr(address.rfind(':') + 1); }
-};
+using Master = larder::test::MasterProcess;
 
-// A larder-master on loopback; `port` "0" picks a free one.
+// A larder-master on loopback; `port` "0" picks a free one. Its address is empty when it did not
+// start.
 Master StartMaster(const std::vector<std::string>& flags, const std::string& port = "0") {
-  std::vector<std::string> argv = {Bin("larder-master"), "--host", "127.0.0.1",     "--port", port,
-                                   "--http-port",        "0",      "--parent-watch"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto child = ChildProcess::Spawn(argv, {}, seconds(30));
-  EXPECT_TRUE(child.ok()) << child.status();
-  Master master;
-  if (!child.ok()) return master;
-  std::string announced = child->address();
-  master.address = announced.substr(0, announced.find(' '));
-  master.http_port = std::stoi(announced.substr(announced.find(' ') + 1));
-  master.process = std::move(*child);
-  return master;
+  auto master = larder::test::SpawnMaster("", port, flags, {});
+  EXPECT_TRUE(master.ok()) << master.status();
+  return master.ok() ? std::move(*master) : Master();
 }
 
 // `master_address`: "ip:port" or "etcd://.../CLUSTER".
@@ -192,7 +179,8 @@ void ExpectNewPutsWork(ChildProcess& writer, ChildProcess& reader, const std::st
   EXPECT_EQ(Field(got, "verified"), 10u) << got;
 }
 
-// A mixed put/get loop in every worker (bench/failover_probe.h), for load across the kill.
+// A mixed put/get loop in every worker (tools/bench/failover/failover_probe.h), for load across the
+// kill.
 void StartProbes(std::vector<ChildProcess>& workers) {
   for (size_t i = 0; i < workers.size(); ++i) {
     json started = Send(workers[i], {{"cmd", "probe_start"},
@@ -340,14 +328,11 @@ TEST(HaE2ETest, RangesReusedBeforeTheOwnerHeardOfTheEvictionNeverServeWrongBytes
 }
 
 // Tests with a real etcd and masters that elect a leader in it.
-class HaEtcdE2ETest : public ::testing::Test {
+class HaEtcdE2ETest : public etcd::EtcdTest {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!etcd::EtcdTestServer::Available(&why)) GTEST_SKIP() << why;
-    auto server = etcd::EtcdTestServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status();
-    etcd_ = std::move(*server);
+    etcd::EtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     etcd::EtcdOptions options;
     options.endpoints = {etcd_->endpoint()};
     options.timeout = milliseconds(1000);
@@ -394,7 +379,6 @@ class HaEtcdE2ETest : public ::testing::Test {
     StoreObjects(workers_, names_);
   }
 
-  std::unique_ptr<etcd::EtcdTestServer> etcd_;
   std::unique_ptr<etcd::EtcdClient> etcd_client_;
   std::vector<Master> masters_;
   std::vector<ChildProcess> workers_;

@@ -41,7 +41,7 @@ ChildProcess SpawnPeer(std::vector<std::string> args, std::map<std::string, std:
 }
 
 std::unique_ptr<TransferEngine> MakeEngine(const std::string& protocol,
-                                           EngineRole role = EngineRole::kStandalone) {
+                                           EngineRole role = EngineRole::kPd) {
   TransferEngineOptions options;
   options.protocol = protocol;
   options.role = role;
@@ -187,7 +187,7 @@ TEST(MultiProcessTest, StoreAndPdEnginesTakeTheirOwnProtocols) {
   auto peer = SpawnPeer({});
   ScopedEnv pd("LARDER_PROTOCOL", "tcp");
   ScopedEnv store("LARDER_STORE_PROTOCOL", "shm,tcp");
-  auto pd_engine = MakeEngine("", EngineRole::kStandalone);
+  auto pd_engine = MakeEngine("", EngineRole::kPd);
   auto store_engine = MakeEngine("", EngineRole::kStore);
   ASSERT_TRUE(pd_engine && store_engine);
   auto pd_segment = pd_engine->OpenSegment(peer.address(), "e2e");

@@ -15,15 +15,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "testing/binaries.h"
+
 namespace larder {
 namespace {
 
 using json = nlohmann::json;
 
-std::string Bin(const std::string& name) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/" + name;
-}
+using larder::test::Bin;
 
 TEST(SoakTest, FaultsOfEveryKindLeaveNoWrongBytesAndNoUnexpectedErrors) {
   const std::string log_path = ::testing::TempDir() + "/soak.log";

@@ -14,6 +14,8 @@
 
 #include "client/master_client.h"
 #include "common/child_process.h"
+#include "testing/binaries.h"
+#include "testing/master_process.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder {
@@ -24,30 +26,16 @@ using json = nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-std::string Bin(const std::string& name) {
-  const char* dir = std::getenv("LARDER_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/" + name;
-}
+using larder::test::Bin;
 
-struct Master {
-  ChildProcess process;
-  std::string address;  // ip:port
-  int http_port = 0;
-};
+using Master = larder::test::MasterProcess;
 
-Master StartMaster(std::vector<std::string> flags, const std::string& port = "0") {
-  std::vector<std::string> argv = {Bin("larder-master"), "--host", "127.0.0.1",     "--port", port,
-                                   "--http-port",        "0",      "--parent-watch"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto child = ChildProcess::Spawn(argv, {}, seconds(20));
-  EXPECT_TRUE(child.ok()) << child.status();
-  Master master;
-  if (!child.ok()) return master;
-  std::string announced = child->address();
-  master.address = announced.substr(0, announced.find(' '));
-  master.http_port = std::stoi(announced.substr(announced.find(' ') + 1));
-  master.process = std::move(*child);
-  return master;
+// A larder-master on loopback; `port` "0" picks a free one. Its address is empty when it did not
+// start.
+Master StartMaster(const std::vector<std::string>& flags, const std::string& port = "0") {
+  auto master = larder::test::SpawnMaster("", port, flags, {});
+  EXPECT_TRUE(master.ok()) << master.status();
+  return master.ok() ? std::move(*master) : Master();
 }
 
 ChildProcess StartWorker(const Master& master, const std::string& name,

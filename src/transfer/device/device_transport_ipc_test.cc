@@ -335,7 +335,7 @@ TEST(DeviceTransportIpcTest, PdAndStoreEnginesTakeTheirOwnProtocolsAcrossProcess
   EmulatedDevice binder;  // the emulator's current device is per thread, for every instance
   ASSERT_TRUE(binder.SetCurrentDevice(1).ok());
   TransferEngineOptions pd_options;
-  pd_options.role = EngineRole::kStandalone;
+  pd_options.role = EngineRole::kPd;
   auto pd = TransferEngine::Create(pd_options);
   TransferEngineOptions store_options;
   store_options.role = EngineRole::kStore;

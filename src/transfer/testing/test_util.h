@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "larder/transfer_engine.h"
+#include "testing/wait.h"
 
 namespace larder::testutil {
 
@@ -66,17 +67,7 @@ class ScopedEnv {
   std::optional<std::string> previous_;
 };
 
-// Waits until `done()` holds or `timeout` passes, checking it every few milliseconds (for
-// conditions no event announces, such as another thread's or process's progress). Returns done().
-template <typename Pred>
-bool WaitUntil(Pred done, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
+using larder::test::WaitUntil;
 
 }  // namespace larder::testutil
 
