@@ -47,18 +47,8 @@ struct Failure {
   std::string message;
 };
 
-// "512 B", "8.0 KiB", "2.0 MiB": as the status page writes sizes.
-std::string Bytes(double n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int i = 0;
-  while (n >= 1024 && i < 5) {
-    n /= 1024;
-    ++i;
-  }
-  char text[64];
-  std::snprintf(text, sizeof(text), i == 0 ? "%.0f %s" : "%.1f %s", n, units[i]);
-  return text;
-}
+// As the status page writes sizes.
+std::string Bytes(double n) { return larder::FormatReadableBytes(n); }
 
 std::string Fixed(double value, int digits) {
   char text[64];

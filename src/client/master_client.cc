@@ -161,9 +161,9 @@ bool MasterClient::IsUnknownSession(const grpc::Status& status) {
          ErrorDetailFromWire(status.error_details()) == ErrorDetail::kUnknownSession;
 }
 
-bool MasterClient::AwaitReconnect(std::chrono::milliseconds bound) const {
+MasterClient::Reconnect MasterClient::AwaitReconnect(std::chrono::milliseconds bound) const {
   Result<std::shared_ptr<const Connection>> connection = CurrentConnection();
-  if (!connection.ok()) return false;
+  if (!connection.ok()) return Reconnect::kAttemptFailed;
   grpc::Channel& channel = *(*connection)->channel;
   const auto deadline = std::chrono::system_clock::now() + bound;
   grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
@@ -172,15 +172,20 @@ bool MasterClient::AwaitReconnect(std::chrono::milliseconds bound) const {
   // until the channel is READY or the bound passes; from IDLE or CONNECTING, the first attempt's
   // outcome ends the wait (a refused connection: at once).
   if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
-    if (!channel.WaitForStateChange(state, deadline)) return false;
+    if (!channel.WaitForStateChange(state, deadline)) return Reconnect::kTimedOut;
     state = channel.GetState(true);
   }
   while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
          state != GRPC_CHANNEL_SHUTDOWN) {
-    if (!channel.WaitForStateChange(state, deadline)) return false;
+    if (!channel.WaitForStateChange(state, deadline)) return Reconnect::kTimedOut;
     state = channel.GetState(true);
   }
-  return state == GRPC_CHANNEL_READY;
+  return state == GRPC_CHANNEL_READY ? Reconnect::kConnected : Reconnect::kAttemptFailed;
+}
+
+void MasterClient::AwaitReconnectUnlessGone() const {
+  if (unreachable_.load()) return;
+  if (AwaitReconnect(kReconnectWait) == Reconnect::kTimedOut) unreachable_.store(true);
 }
 
 bool MasterClient::IsUnreachable(const grpc::Status& status) {

@@ -57,15 +57,23 @@ class MasterClient {
   // master cannot be reached (with etcd: no leader is known, or the leader found cannot be
   // reached); Unauthenticated / PermissionDenied when either side lacks the token; otherwise the
   // master's status, prefixed with the call's name. `name` is the method's name (the proof covers
-  // it). A session the master no longer knows (it restarted) is opened again and the call
-  // repeated once. With etcd, a call that cannot reach the master (or reaches a standby) looks up
-  // the leader again and, when it changed, repeats the call there.
+  // it). Every master call is safe to repeat, and this is the one place that repeats them:
+  //   - a session the master no longer knows (it restarted) is opened again, and the call
+  //     repeated once;
+  //   - with etcd, a call that cannot reach the master (or reaches a standby) looks up the leader
+  //     again and, when it changed, is repeated there (at most kMaxFollows times);
+  //   - a call whose connection broke (UNAVAILABLE: e.g. the master restarted on its address) is
+  //     repeated once, after waiting up to kReconnectWait for the channel to connect again
+  //     (AwaitReconnect), so that a master back on its address is reached at once; once such a
+  //     wait lasted kReconnectWait without a connection, calls skip it until one reaches the
+  //     master (with the master down, calls fail without waiting).
   template <typename Request, typename Reply>
   Status Call(const char* name,
               grpc::Status (proto::Master::Stub::*method)(grpc::ClientContext*, const Request&,
                                                           Reply*),
               const Request& request, Reply* reply) const {
     bool session_renewed = false;
+    bool reconnected = false;
     for (int followed = 0;;) {
       LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Connection> connection, CurrentConnection());
       grpc::ClientContext context;
@@ -76,6 +84,11 @@ class MasterClient {
         if (signed_call.code() == StatusCode::kUnavailable && followed < kMaxFollows &&
             FollowLeader(*connection)) {
           ++followed;
+          continue;
+        }
+        if (signed_call.code() == StatusCode::kUnavailable && !reconnected) {
+          reconnected = true;
+          AwaitReconnectUnlessGone();
           continue;
         }
         return signed_call;
@@ -92,18 +105,27 @@ class MasterClient {
         reply->Clear();
         continue;
       }
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !reconnected) {
+        reconnected = true;
+        AwaitReconnectUnlessGone();
+        reply->Clear();
+        continue;
+      }
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) unreachable_.store(false);
       return FromGrpc(*connection, name, status);
     }
   }
 
+ private:
+  enum class Reconnect { kConnected, kAttemptFailed, kTimedOut };
   // After a call found the master unreachable: waits until the channel is connected again, or
   // its next connection attempt fails (gRPC retries with a backoff of 100 ms growing to 1 s), at
-  // most `bound`. True
-  // when the channel is connected then, so that a call repeated now can reach the master (a master
-  // restarted on its address is found as soon as it listens, not after a fixed pause).
-  bool AwaitReconnect(std::chrono::milliseconds bound) const;
+  // most `bound`; says which came first. Connected: a call repeated now can reach the master (a
+  // master restarted on its address is found as soon as it listens, not after a fixed pause).
+  Reconnect AwaitReconnect(std::chrono::milliseconds bound) const;
+  // Waits for a reconnect unless an earlier wait found the master gone (see Call).
+  void AwaitReconnectUnlessGone() const;
 
- private:
   struct Session {
     uint64_t id = 0;
     std::string key;
@@ -117,6 +139,7 @@ class MasterClient {
     mutable std::shared_ptr<const Session> session LARDER_GUARDED_BY(session_mu);
   };
   static constexpr int kMaxFollows = 2;
+  static constexpr std::chrono::milliseconds kReconnectWait{2000};
 
   // Adds the call's proof to `context` (opening a session first when there is none), and says
   // which session it used.
@@ -145,6 +168,9 @@ class MasterClient {
   mutable Mutex connection_mu_;
   mutable std::shared_ptr<const Connection> connection_ LARDER_GUARDED_BY(connection_mu_);
   mutable std::atomic<uint64_t> sequence_{0};
+  // True from a reconnect wait that lasted its whole bound until a call reaches the master again:
+  // while the master is down, calls fail without waiting.
+  mutable std::atomic<bool> unreachable_{false};
 };
 
 // A per-item status from a reply. A code outside the canonical set becomes Unknown.

@@ -493,17 +493,9 @@ class StoreClientImpl final : public StoreClient {
       // this client's own finished reads never stand in its way.
       SendReleases(releases_.TakeForCall());
     }
+    // MasterClient::Call repeats what a broken connection, a restarted master or a new leader
+    // failed; this adds the one recovery that is the store client's own: a mount.
     Status status = master_.Call(name, method, *request, reply);
-    if (status.code() == StatusCode::kUnavailable) {
-      // A broken connection (e.g. the master restarted) fails the first call on it; every call
-      // is safe to repeat, so once more when the channel has tried to connect again. Only the
-      // first failure after the master answered waits for that: with the master down, calls
-      // fail at once.
-      if (master_answered_.exchange(false)) master_.AwaitReconnect(kReconnectWait);
-      reply->Clear();
-      status = master_.Call(name, method, *request, reply);
-    }
-    if (status.code() != StatusCode::kUnavailable) master_answered_.store(true);
     // Only a master that does not know this client asks for a mount; any other
     // FailedPrecondition stands.
     if (status.detail() != ErrorDetail::kRemountRequired) return status;
@@ -906,8 +898,6 @@ class StoreClientImpl final : public StoreClient {
   MasterClient master_;
   // The last call reached the master (or none was made yet): the next Unavailable is likely a
   // broken connection worth waiting out (Rpc).
-  std::atomic<bool> master_answered_{true};
-  static constexpr std::chrono::milliseconds kReconnectWait{2000};
   std::shared_ptr<MemoryRegion> segment_memory_;
   SegmentId local_segment_ = 0;
   std::string segment_name_;

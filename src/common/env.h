@@ -26,6 +26,10 @@ Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
 // "4K", "64K", "4M", "1G" when exact, else bytes.
 std::string FormatByteSize(uint64_t bytes);
 
+// "512 B", "8.0 KiB", "2.0 MiB", ...: sizes as the master's status page and larder-ctl write them
+// (whole bytes below 1 KiB, else one decimal).
+std::string FormatReadableBytes(double bytes);
+
 // "0x1f4000".
 std::string FormatHex(uint64_t value);
 

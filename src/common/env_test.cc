@@ -97,6 +97,17 @@ TEST(FormatByteSizeTest, UsesTheLargestExactUnit) {
   EXPECT_EQ(FormatByteSize(1536 * kKiB), "1536K");  // 1.5 MiB is not a whole number of MiB
 }
 
+TEST(FormatReadableBytesTest, OneDecimalAboveOneKiB) {
+  EXPECT_EQ(FormatReadableBytes(0), "0 B");
+  EXPECT_EQ(FormatReadableBytes(512), "512 B");
+  EXPECT_EQ(FormatReadableBytes(1023), "1023 B");
+  EXPECT_EQ(FormatReadableBytes(8 * kKiB), "8.0 KiB");
+  EXPECT_EQ(FormatReadableBytes(1536 * kKiB), "1.5 MiB");
+  EXPECT_EQ(FormatReadableBytes(3.0 * kTiB), "3.0 TiB");
+  EXPECT_EQ(FormatReadableBytes(2048.0 * kTiB), "2.0 PiB");
+  EXPECT_EQ(FormatReadableBytes(4096.0 * 1024 * kTiB), "4096.0 PiB");  // no unit above PiB
+}
+
 TEST(FormatByteSizeTest, FallsBackToBytes) {
   EXPECT_EQ(FormatByteSize(0), "0");
   EXPECT_EQ(FormatByteSize(1), "1");

@@ -88,7 +88,4 @@ class MasterServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Prometheus text exposition of the master's state (what /metrics serves).
-std::string RenderMetrics(const MasterState& state);
-
 }  // namespace larder::master

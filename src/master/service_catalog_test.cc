@@ -7,6 +7,7 @@
 #include <string>
 
 #include "master/master_server.h"
+#include "master/metrics_text.h"
 #include "master/own_descriptor.h"
 #include "master/service.h"
 

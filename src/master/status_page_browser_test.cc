@@ -64,17 +64,7 @@ ShellRun Shell(const std::string& command) {
 }
 
 // The page's bytes() in JavaScript: "512 B", "8.0 KiB", "2.0 MiB".
-std::string Bytes(double n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int i = 0;
-  while (n >= 1024 && i < 5) {
-    n /= 1024;
-    ++i;
-  }
-  char text[64];
-  std::snprintf(text, sizeof(text), i == 0 ? "%.0f %s" : "%.1f %s", n, units[i]);
-  return text;
-}
+std::string Bytes(double n) { return FormatReadableBytes(n); }
 
 // The text of the first element after `marker` (an attribute, e.g. id="objects"), up to the next
 // tag; searched from `from`.

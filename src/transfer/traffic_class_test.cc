@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "larder/transfer_engine.h"
+#include "transfer/testing/engine_fixture.h"
 #include "transfer/testing/test_util.h"
 
 namespace larder {
@@ -20,20 +21,10 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using testutil::CreateEngine;
 using testutil::FillPattern;
 using testutil::ScopedEnv;
-
-std::unique_ptr<TransferEngine> CreateEngine(TransferEngineOptions options) {
-  auto engine = TransferEngine::Create(options);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? std::move(engine).value() : nullptr;
-}
-
-TransferEngineOptions WithProtocol(std::string protocol) {
-  TransferEngineOptions options;
-  options.protocol = std::move(protocol);
-  return options;
-}
+using testutil::WithProtocol;
 
 class TrafficClassTest : public ::testing::Test {
  protected:

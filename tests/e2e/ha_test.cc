@@ -24,6 +24,7 @@
 #include "etcd/etcd_fixture.h"
 #include "etcd/etcd_test_server.h"
 #include "testing/binaries.h"
+#include "testing/json_worker.h"
 #include "testing/master_process.h"
 
 namespace larder {
@@ -66,16 +67,9 @@ ChildProcess StartWorker(const std::string& master_address, const std::string& n
 }
 
 json Send(ChildProcess& worker, const json& command, milliseconds timeout = seconds(120)) {
-  Status written = worker.WriteLine(command.dump());
-  EXPECT_TRUE(written.ok()) << written;
-  auto line = worker.ReadLine(timeout);
-  EXPECT_TRUE(line.ok()) << line.status();
-  if (!line.ok()) return json{{"error", line.status().ToString()}};
-  json reply = json::parse(*line, nullptr, false);
-  EXPECT_TRUE(reply.is_object()) << *line;
-  if (!reply.is_object()) return json{{"error", *line}};
-  reply.erase("lat_us");  // keeps failure messages readable
-  return reply;
+  auto reply = test::Exchange(worker, command, timeout);
+  EXPECT_TRUE(reply.ok()) << reply.status();
+  return reply.ok() ? *reply : json{{"error", reply.status().ToString()}};
 }
 
 json Put(ChildProcess& worker, const std::string& prefix, int count, const std::string& preferred) {

@@ -15,6 +15,7 @@
 #include "client/master_client.h"
 #include "common/child_process.h"
 #include "testing/binaries.h"
+#include "testing/json_worker.h"
 #include "testing/master_process.h"
 #include "transfer/testing/test_util.h"
 
@@ -52,16 +53,11 @@ ChildProcess StartWorker(const Master& master, const std::string& name,
 }
 
 json Send(ChildProcess& worker, const json& command, milliseconds timeout = seconds(60)) {
-  Status written = worker.WriteLine(command.dump());
-  EXPECT_TRUE(written.ok()) << written;
-  auto line = worker.ReadLine(timeout);
-  EXPECT_TRUE(line.ok()) << line.status();
-  if (!line.ok()) return json{{"error", line.status().ToString()}};
-  json reply = json::parse(*line, nullptr, false);
-  EXPECT_FALSE(reply.is_discarded()) << *line;
-  EXPECT_FALSE(reply.contains("error")) << *line;
-  reply.erase("lat_us");  // keeps failure messages readable
-  return reply;
+  auto reply = test::Exchange(worker, command, timeout);
+  EXPECT_TRUE(reply.ok()) << reply.status();
+  if (!reply.ok()) return json{{"error", reply.status().ToString()}};
+  EXPECT_FALSE(reply->contains("error")) << *reply;
+  return *reply;
 }
 
 // Starts a put or get loop on `worker` without waiting for it (0 s: every key once, else random

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "larder/transfer_engine.h"
+#include "transfer/testing/engine_fixture.h"
 #include "transfer/testing/test_util.h"
 #include "transfer/ucx/ucx_blob.h"
 
@@ -324,28 +325,17 @@ TEST(UcxPeerTest, DestroyedPeerFailsItsSlicesAndOthersKeepWorking) {
 
   // 8 GiB to read, far more than can move before the owner goes; the requests share 256 MiB of
   // local buffer (their bytes are not checked).
-  const size_t kRequests = 8192;
   const uint64_t kBlock = 1 << 20;
   std::vector<uint8_t> buf(256 * kBlock);
-  std::vector<TransferRequest> requests;
-  for (size_t i = 0; i < kRequests; ++i) {
-    requests.push_back({TransferOp::kRead, buf.data() + (i % 256) * kBlock, *doomed_handle,
-                        (i % 256) * kBlock, kBlock});
-  }
-  auto batch = initiator->Submit(requests, seconds(20));
+  auto batch =
+      initiator->Submit(testutil::ReadsFrom(buf.data(), *doomed_handle, 8192, kBlock), seconds(20));
   ASSERT_TRUE(batch.ok()) << batch.status();
   doomed.engine.reset();  // stops its worker mid-batch
   ASSERT_TRUE(initiator->Wait(*batch, seconds(30)).ok()) << "hung on a dead peer";
   auto results = initiator->Results(*batch);
   ASSERT_TRUE(results.ok());
-  size_t failed = 0;
-  for (const auto& r : *results) {
-    if (r.status.ok()) continue;
-    ++failed;
-    EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status;
-    EXPECT_NE(r.status.message().find(doomed_id), std::string::npos) << r.status;
-  }
-  EXPECT_GT(failed, 0u) << "every request finished before the peer went; nothing was proven";
+  EXPECT_GT(testutil::CheckDeadPeerFailures(*results, {doomed_id}), 0u)
+      << "every request finished before the peer went; nothing was proven";
   ASSERT_TRUE(initiator->Release(*batch).ok());
 
   std::vector<uint8_t> small(4096);
