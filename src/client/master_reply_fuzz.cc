@@ -13,16 +13,9 @@
 #include "client/master_client.h"
 #include "client/store_pieces.h"
 #include "master.pb.h"
+#include "testing/fuzz_check.h"
 
 using namespace larder;  // NOLINT: a fuzz target
-
-namespace {
-
-void Check(bool condition) {
-  if (!condition) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
@@ -47,12 +40,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!segments.ParseFromArray(data + first, static_cast<int>(size - first))) return 0;
 
   std::vector<Status> statuses = client::ItemStatuses(count, replicas.errors());
-  Check(statuses.size() == count);
+  larder::test::FuzzCheck(statuses.size() == count);
   for (const proto::SegmentInfo& info : segments.segments()) {
     (void)SegmentDescriptor::FromJson(info.descriptor_json());
   }
   if (!client::CheckReplicaColumns(replicas, count).ok()) return 0;
   std::vector<Result<ObjectInfo>> infos = client::ObjectInfos(replicas, segments);
-  Check(infos.size() == count);
+  larder::test::FuzzCheck(infos.size() == count);
   return 0;
 }

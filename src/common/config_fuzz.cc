@@ -12,17 +12,10 @@
 #include "common/env.h"
 #include "common/net.h"
 #include "larder/transfer_engine.h"
+#include "testing/fuzz_check.h"
 #include "transfer/device/emulated_device.h"
 
 using namespace larder;  // NOLINT: a fuzz target
-
-namespace {
-
-void Check(bool condition) {
-  if (!condition) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -33,35 +26,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 1:
       if (auto zero = ParseByteSize(text, /*allow_zero=*/true); zero.ok() && *zero != 0) {
-        Check(ParseByteSize(text).ok());
+        larder::test::FuzzCheck(ParseByteSize(text).ok());
       }
       break;
     case 2:
-      if (auto d = ParseDuration(text); d.ok()) Check(d->count() >= 0);
+      if (auto d = ParseDuration(text); d.ok()) larder::test::FuzzCheck(d->count() >= 0);
       break;
     case 3:
       if (auto hp = ParseHostPort(text); hp.ok()) {
-        Check(hp->host.find('\0') == std::string::npos);
+        larder::test::FuzzCheck(hp->host.find('\0') == std::string::npos);
         auto again = ParseHostPort(hp->ToString());
-        Check(again.ok() && again->host == hp->host && again->port == hp->port);
+        larder::test::FuzzCheck(again.ok() && again->host == hp->host && again->port == hp->port);
       }
       break;
     case 4:
       if (auto mode = ParseHugePages(text); mode.ok()) {
-        Check(ParseHugePages(HugePagesName(*mode)).ok());
+        larder::test::FuzzCheck(ParseHugePages(HugePagesName(*mode)).ok());
       }
       break;
     case 6:
       // Empty: one group of every device; else a group (or -1: none) for each device.
       if (auto groups = transfer::ParsePeerGroups(text, 8); groups.ok() && !groups->empty()) {
-        Check(groups->size() == 8);
-        for (int group : *groups) Check(group >= -1 && group < 8);
+        larder::test::FuzzCheck(groups->size() == 8);
+        for (int group : *groups) larder::test::FuzzCheck(group >= -1 && group < 8);
       }
       break;
     default:
       if (auto routes = ParseProtocol(text); routes.ok()) {
-        Check(!routes->empty());
-        for (RouteKind route : *routes) Check(RoutePreference(route) < 1000000);
+        larder::test::FuzzCheck(!routes->empty());
+        for (RouteKind route : *routes) larder::test::FuzzCheck(RoutePreference(route) < 1000000);
       }
       break;
   }

@@ -28,13 +28,6 @@ std::string Cat(const Parts&... parts) {
   return out;
 }
 
-std::string Hex(int64_t value) {
-  char buffer[24];
-  snprintf(buffer, sizeof(buffer), "%llx",
-           static_cast<unsigned long long>(static_cast<uint64_t>(value)));
-  return buffer;
-}
-
 std::string JoinEndpoints(const std::vector<std::string>& endpoints) {
   std::string out;
   for (const std::string& endpoint : endpoints) {
@@ -339,8 +332,8 @@ class GrpcEtcdClient final : public EtcdClient {
       return UnavailableError(Cat("etcd LeaseGrant failed: ", reply.error()));
     }
     if (reply.id() == 0 || reply.ttl() <= 0) {
-      return InternalError(Cat("etcd LeaseGrant returned lease ", Hex(reply.id()), " with TTL ",
-                               std::to_string(reply.ttl()), " s"));
+      return InternalError(Cat("etcd LeaseGrant returned lease ", LeaseIdText(reply.id()),
+                               " with TTL ", std::to_string(reply.ttl()), " s"));
     }
     return Lease{reply.id(), std::chrono::seconds(reply.ttl())};
   }
@@ -362,11 +355,11 @@ class GrpcEtcdClient final : public EtcdClient {
       if (status.ok()) {
         preferred_.store((first + i) % count, std::memory_order_relaxed);
         if (reply.ttl() <= 0) {
-          return NotFoundError(Cat("etcd lease ", Hex(lease), " expired or was revoked"));
+          return NotFoundError(Cat("etcd lease ", LeaseIdText(lease), " expired or was revoked"));
         }
         if (reply.id() != lease) {
-          return InternalError(Cat("etcd answered a keep-alive of lease ", Hex(lease),
-                                   " for lease ", Hex(reply.id())));
+          return InternalError(Cat("etcd answered a keep-alive of lease ", LeaseIdText(lease),
+                                   " for lease ", LeaseIdText(reply.id())));
         }
         return std::chrono::milliseconds(std::chrono::seconds(reply.ttl()));
       }
@@ -382,7 +375,7 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::LeaseRevokeRequest request;
     request.set_id(lease);
     pb::LeaseRevokeResponse reply;
-    return Invoke(Cat("LeaseRevoke ", Hex(lease)), [&](Member& m, grpc::ClientContext* c) {
+    return Invoke(Cat("LeaseRevoke ", LeaseIdText(lease)), [&](Member& m, grpc::ClientContext* c) {
       return m.lease->LeaseRevoke(c, request, &reply);
     });
   }
@@ -564,6 +557,13 @@ Result<EtcdTarget> ParseEtcdAddress(std::string_view address) {
   }
   target.cluster_id = std::string(cluster_id);
   return target;
+}
+
+std::string LeaseIdText(int64_t lease) {
+  char buffer[24];
+  snprintf(buffer, sizeof(buffer), "%llx",
+           static_cast<unsigned long long>(static_cast<uint64_t>(lease)));
+  return buffer;
 }
 
 Status ValidateClusterId(std::string_view cluster_id) {

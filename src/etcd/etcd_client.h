@@ -97,6 +97,9 @@ Result<EtcdTarget> ParseEtcdAddress(std::string_view address);
 // Cluster ids: 1..128 characters of [A-Za-z0-9._-]. InvalidArgument otherwise.
 Status ValidateClusterId(std::string_view cluster_id);
 
+// A lease id as etcd and etcdctl print it: lowercase hex, no prefix.
+std::string LeaseIdText(int64_t lease);
+
 // What the leader of a cluster publishes at LeaderKey(cluster_id), attached to its lease.
 struct LeaderRecord {
   std::string address;  // "host:port" of its gRPC service, as clients dial it

@@ -34,13 +34,6 @@ std::string WallTime(std::chrono::steady_clock::time_point t) {
   return out;
 }
 
-std::string Hex(int64_t value) {
-  char buffer[24];
-  snprintf(buffer, sizeof(buffer), "%llx",
-           static_cast<unsigned long long>(static_cast<uint64_t>(value)));
-  return buffer;
-}
-
 milliseconds Clamp(milliseconds value, milliseconds low, milliseconds high) {
   return std::max(low, std::min(value, high));
 }
@@ -192,8 +185,8 @@ void LeaderElection::Stop() {
     // Revoking also deletes the key when the delete above failed but etcd answers again.
     Status revoked = etcd_->RevokeLease(lease_id_);
     if (!revoked.ok() && revoked.code() != StatusCode::kNotFound) {
-      Log().warn("larder-master could not revoke its etcd lease {}: {}", Hex(lease_id_),
-                 revoked.ToString());
+      Log().warn("larder-master could not revoke its etcd lease {}: {}",
+                 etcd::LeaseIdText(lease_id_), revoked.ToString());
     }
   }
   if (was == Role::kLeader) {
@@ -254,8 +247,8 @@ LeaderElection::Clock::time_point LeaderElection::Step() {
     granted_ttl_ = lease->ttl;
     renewal_sent_ = sent;
     next_keepalive_ = sent + granted_ttl_ / 3;
-    Log().debug("larder-master holds etcd lease {} (TTL {} ms) for cluster {}", Hex(lease_id_),
-                granted_ttl_.count(), options_.cluster_id);
+    Log().debug("larder-master holds etcd lease {} (TTL {} ms) for cluster {}",
+                etcd::LeaseIdText(lease_id_), granted_ttl_.count(), options_.cluster_id);
   }
   return role == Role::kLeader ? LeaderStep(Clock::now()) : StandbyStep(Clock::now());
 }
@@ -299,7 +292,7 @@ LeaderElection::Clock::time_point LeaderElection::LeaderStep(Clock::time_point n
     std::string why = "larder-master lost the leadership of cluster ";
     why += options_.cluster_id;
     why += ": etcd says its lease ";
-    why += Hex(lease_id_);
+    why += etcd::LeaseIdText(lease_id_);
     why += " no longer exists (expired or revoked)";
     Fence(std::move(why));
     return Clock::now() + std::chrono::hours(1);
@@ -391,8 +384,8 @@ void LeaderElection::BecomeLeader() {
   Log().info(
       "larder-master is now the leader of cluster {} at {} (etcd lease {}, TTL {} ms, serving "
       "until {} unless renewed)",
-      options_.cluster_id, options_.advertise_address, Hex(lease_id_), granted_ttl_.count(),
-      WallTime(ServingDeadline()));
+      options_.cluster_id, options_.advertise_address, etcd::LeaseIdText(lease_id_),
+      granted_ttl_.count(), WallTime(ServingDeadline()));
   if (options_.on_role_change) options_.on_role_change(RoleName(Role::kLeader));
 }
 

@@ -62,15 +62,30 @@ class LeaderElectionTest : public etcd::EtcdTest {
     EXPECT_TRUE(election.ok()) << election.status();
     return election.ok() ? std::move(election).value() : nullptr;
   }
+
+  // `a` (10.0.0.1:50051) once it leads, and `b` (10.0.0.2:50051) once it has found a leader; both
+  // null when either step fails (the test has failed then).
+  std::pair<std::unique_ptr<LeaderElection>, std::unique_ptr<LeaderElection>> LeaderAndStandby() {
+    auto a = Elect(Options("10.0.0.1:50051"));
+    if (a == nullptr ||
+        !testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15))) {
+      ADD_FAILURE() << "10.0.0.1:50051 never led";
+      return {};
+    }
+    auto b = Elect(Options("10.0.0.2:50051"));
+    if (b == nullptr ||
+        !testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15))) {
+      ADD_FAILURE() << "10.0.0.2:50051 never found a leader";
+      return {};
+    }
+    return {std::move(a), std::move(b)};
+  }
 };
 
 TEST_F(LeaderElectionTest, OneOfTwoLeadsAndTheOtherNamesIt) {
-  auto a = Elect(Options("10.0.0.1:50051"));
-  ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15)));
-  auto b = Elect(Options("10.0.0.2:50051"));
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15)));
+  std::unique_ptr<LeaderElection> a, b;
+  std::tie(a, b) = LeaderAndStandby();
+  ASSERT_TRUE(a && b);
 
   EXPECT_TRUE(a->CheckServing().ok()) << a->CheckServing();
   Status standby = b->CheckServing();
@@ -114,12 +129,9 @@ TEST_F(LeaderElectionTest, ACleanStopHandsOverPromptly) {
 }
 
 TEST_F(LeaderElectionTest, AHungLeaderStopsServingBeforeTheStandbyTakesOver) {
-  auto a = Elect(Options("10.0.0.1:50051"));
-  ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15)));
-  auto b = Elect(Options("10.0.0.2:50051"));
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15)));
+  std::unique_ptr<LeaderElection> a, b;
+  std::tie(a, b) = LeaderAndStandby();
+  ASSERT_TRUE(a && b);
 
   a->AbandonForTesting();  // no more keep-alives; its key stays until the lease lapses
   bool a_stopped_first = true;
@@ -203,12 +215,9 @@ TEST_F(LeaderElectionTest, ALeaderCutOffFromEtcdFencesItselfWithinItsTtl) {
 }
 
 TEST_F(LeaderElectionTest, APausedEtcdFencesTheLeaderAndAStandbyLeadsAfter) {
-  auto a = Elect(Options("10.0.0.1:50051"));
-  ASSERT_NE(a, nullptr);
-  ASSERT_TRUE(testutil::WaitUntil([&] { return a->role() == Role::kLeader; }, seconds(15)));
-  auto b = Elect(Options("10.0.0.2:50051"));
-  ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(testutil::WaitUntil([&] { return b->leader().has_value(); }, seconds(15)));
+  std::unique_ptr<LeaderElection> a, b;
+  std::tie(a, b) = LeaderAndStandby();
+  ASSERT_TRUE(a && b);
 
   etcd_->Pause();
   EXPECT_TRUE(SampleUntil(

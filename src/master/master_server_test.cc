@@ -47,8 +47,7 @@ TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount mount{"seg-a", 0x10000, 1 << 20, "{}"};
-  ASSERT_TRUE(state.MountSegments("c", "h", std::span(&mount, 1))[0].ok());
+  ASSERT_TRUE(MountOne(state, "c", "h", {"seg-a", 0x10000, 1 << 20, "{}"}).ok());
   for (std::string_view key : {"page/1", "page/2", "other"}) {
     PutStartItem item{key, 4096};
     ASSERT_TRUE(state.BatchPutStart("c", std::span(&item, 1), {}).ok());
@@ -93,8 +92,9 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount mount{"huge-seg", 0x10000, 1 << 20, R"({"page_size":2097152})"};
-  ASSERT_TRUE(state.MountSegments("prefill-a", "host-a", std::span(&mount, 1))[0].ok());
+  ASSERT_TRUE(MountOne(state, "prefill-a", "host-a",
+                       {"huge-seg", 0x10000, 1 << 20, R"({"page_size":2097152})"})
+                  .ok());
   ClientTraffic traffic;
   traffic.routes.push_back({"prefill-b", "shm", 10, 40960, 0});
   traffic.routes.push_back({"decode \"x\"", "tcp", 2, 8192, 1});  // quotes must be escaped
@@ -162,8 +162,7 @@ TEST(MasterServerTest, DefaultMetricsKeepTheirSeriesWhenClientsRestart) {
   std::vector<std::set<std::string>> seen;
   for (int pid : {100, 101}) {
     const std::string id = "host-a/" + std::to_string(pid) + "/key" + std::to_string(pid);
-    SegmentMount mount{"seg-a", 0x10000, 1 << 20, "{}"};
-    ASSERT_TRUE(state.MountSegments(id, "host-a", std::span(&mount, 1))[0].ok());
+    ASSERT_TRUE(MountOne(state, id, "host-a", {"seg-a", 0x10000, 1 << 20, "{}"}).ok());
     for (uint64_t bytes : {1000, 5096}) {
       ClientTraffic traffic;
       traffic.routes.push_back({"host-a/200/other", "tcp", 1, bytes, 0});
@@ -305,8 +304,7 @@ TEST(MasterServerTest, SoftPinnedObjectsAreInTheMetrics) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount mount{"seg-a", 0x10000, 1 << 20, "{}"};
-  ASSERT_TRUE(state.MountSegments("c", "h", std::span(&mount, 1))[0].ok());
+  ASSERT_TRUE(MountOne(state, "c", "h", {"seg-a", 0x10000, 1 << 20, "{}"}).ok());
   PutOptions soft;
   soft.soft_pin_action = SoftPinAction::kEnable;
   for (std::string_view key : {"a", "b"}) {
@@ -331,8 +329,9 @@ TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount mount{"seg-a", 0x10000, 1 << 20, R"({"page_size":2097152})"};
-  ASSERT_TRUE(state.MountSegments("owner", "host-a", std::span(&mount, 1))[0].ok());
+  ASSERT_TRUE(
+      MountOne(state, "owner", "host-a", {"seg-a", 0x10000, 1 << 20, R"({"page_size":2097152})"})
+          .ok());
   SegmentMount other{"seg-b", 0x10000, 1 << 20, "{}"};
   ASSERT_TRUE(state.MountSegments("reader", "host-b", std::span(&other, 1))[0].ok());
   for (std::string_view key : {"k1", "k2"}) {

@@ -2,7 +2,12 @@
 //
 #pragma once
 
+#include <span>
+#include <string>
+#include <utility>
+
 #include "master/master_server.h"
+#include "master/master_state.h"
 
 namespace larder::master {
 
@@ -15,6 +20,12 @@ inline MasterServerOptions LoopbackServerOptions() {
   options.port = 0;
   options.http_port = 0;
   return options;
+}
+
+// Mounts one segment for `client_id` on `host_id` in `state`; that mount's outcome.
+inline auto MountOne(MasterState& state, const std::string& client_id, const std::string& host_id,
+                     SegmentMount mount) {
+  return std::move(state.MountSegments(client_id, host_id, std::span(&mount, 1))[0]);
 }
 
 }  // namespace larder::master

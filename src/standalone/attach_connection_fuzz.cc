@@ -20,15 +20,12 @@
 #include "standalone/attach_connection.h"
 #include "standalone/memory_store.h"
 #include "standalone/protocol.h"
+#include "testing/fuzz_check.h"
 
 using namespace larder;              // NOLINT: a fuzz target
 using namespace larder::standalone;  // NOLINT: a fuzz target
 
 namespace {
-
-void Check(bool condition) {
-  if (!condition) std::abort();
-}
 
 constexpr size_t kMemfdBytes = 1 << 20;
 constexpr int kMaxRequests = 16;
@@ -37,8 +34,8 @@ constexpr int kMaxRequests = 16;
 int SharedMemfd() {
   static const int fd = [] {
     int memfd = memfd_create("larder-fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    Check(memfd >= 0 && ftruncate(memfd, kMemfdBytes) == 0 &&
-          fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
+    larder::test::FuzzCheck(memfd >= 0 && ftruncate(memfd, kMemfdBytes) == 0 &&
+                            fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
     return memfd;
   }();
   return fd;
@@ -62,13 +59,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Fd fd;
     if (static_cast<MessageType>(type) == MessageType::kRegisterShared) {
       fd = Fd(fcntl(SharedMemfd(), F_DUPFD_CLOEXEC, 0));
-      Check(fd.valid());
+      larder::test::FuzzCheck(fd.valid());
     }
     std::string reply = connection.Handle(type, payload, std::move(fd));
     PayloadReader in(reply);
     (void)in.GetStatus();
-    Check(in.ok());
+    larder::test::FuzzCheck(in.ok());
   }
-  Check(connection.region_count() <= 4);
+  larder::test::FuzzCheck(connection.region_count() <= 4);
   return 0;
 }

@@ -385,9 +385,8 @@ TEST_F(StandaloneTest, AttachFailsClearlyWithoutADaemon) {
 TEST_F(StandaloneTest, ADeadDaemonFailsEveryCallWithUnavailable) {
   auto daemon = StartOwnDaemon(testing::UniqueSocket("killed"));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  AttachOptions options;
-  options.timeout = 5s;
-  auto store = Attach(daemon->socket, options);
+  constexpr std::chrono::milliseconds kTimeout = 5s;
+  auto store = Attach(daemon->socket, {.timeout = kTimeout});
   ASSERT_NE(store, nullptr);
   auto memory = store->AllocateShared(1 << 16);
   ASSERT_TRUE(memory.ok());
@@ -404,15 +403,13 @@ TEST_F(StandaloneTest, ADeadDaemonFailsEveryCallWithUnavailable) {
               std::string::npos)
         << status;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, options.timeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kTimeout);
 }
 
 TEST_F(StandaloneTest, AStalledDaemonFailsCallsAfterTheTimeout) {
   auto daemon = StartOwnDaemon(testing::UniqueSocket("stalled"));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  AttachOptions options;
-  options.timeout = 1500ms;
-  auto store = Attach(daemon->socket, options);
+  auto store = Attach(daemon->socket, {.timeout = 1500ms});
   ASSERT_NE(store, nullptr);
   daemon->process.Kill(SIGSTOP);
   const auto start = std::chrono::steady_clock::now();

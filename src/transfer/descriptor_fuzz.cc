@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "larder/transfer_engine.h"
+#include "testing/fuzz_check.h"
 #include "transfer/device/emulated_device.h"
 #include "transfer/engine_internal.h"
 #include "transfer/transport_registry.h"
@@ -22,10 +23,6 @@
 using namespace larder;  // NOLINT: a fuzz target
 
 namespace {
-
-void Check(bool condition) {
-  if (!condition) std::abort();
-}
 
 bool Same(const SegmentDescriptor& a, const SegmentDescriptor& b) {
   return a.segment_id == b.segment_id && a.name == b.name && a.epoch == b.epoch &&
@@ -53,7 +50,7 @@ std::vector<std::unique_ptr<transfer::Transport>>& Transports() {
 transfer::EmulatedDevice& Importer() {
   static auto* device = [] {
     auto* d = new transfer::EmulatedDevice({.host_id = "fuzz-host"});
-    Check(d->SetCurrentDevice(0).ok() && d->Init().ok());
+    larder::test::FuzzCheck(d->SetCurrentDevice(0).ok() && d->Init().ok());
     return d;
   }();
   return *device;
@@ -61,7 +58,7 @@ transfer::EmulatedDevice& Importer() {
 
 void ImportHandle(std::string_view handle) {
   Result<transfer::ImportedAllocation> imported = Importer().ImportAllocation(handle);
-  if (imported.ok()) Check(Importer().CloseImport(imported->base).ok());
+  if (imported.ok()) larder::test::FuzzCheck(Importer().CloseImport(imported->base).ok());
 }
 
 }  // namespace
@@ -74,12 +71,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto parsed = SegmentDescriptor::FromJson(json);
   if (!parsed.ok()) return 0;
-  Check(parsed->transports.size() <= SegmentDescriptor::kMaxTransports);
+  larder::test::FuzzCheck(parsed->transports.size() <= SegmentDescriptor::kMaxTransports);
   for (const auto& [name, blob] : parsed->transports) {
-    Check(blob.size() <= SegmentDescriptor::kMaxBlobBytes);
+    larder::test::FuzzCheck(blob.size() <= SegmentDescriptor::kMaxBlobBytes);
   }
   auto again = SegmentDescriptor::FromJson(parsed->ToJson());
-  Check(again.ok() && Same(*parsed, *again));
+  larder::test::FuzzCheck(again.ok() && Same(*parsed, *again));
   for (auto& transport : Transports()) (void)transport->CanReach(*parsed);
   if (const std::string* handle = parsed->TransportBlob("device")) ImportHandle(*handle);
   return 0;

@@ -64,6 +64,19 @@ Ctl RunShell(const std::string& command) {
   return ctl;
 }
 
+// A store client of the master at `master` with the cluster token and a 16 MiB segment `segment`.
+std::unique_ptr<StoreClient> ClientWithSegment(const std::string& master,
+                                               const std::string& segment) {
+  StoreClientOptions options;
+  options.master_address = master;
+  options.auth_token = kClusterToken;
+  options.global_segment_size = 16 << 20;
+  options.segment_name = segment;
+  auto client = StoreClient::Create(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
 class CtlTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -81,14 +94,8 @@ class CtlTest : public ::testing::Test {
     http_ = "127.0.0.1:" + std::to_string(master->http_port);
     master_ = std::move(master->process);
 
-    StoreClientOptions options;
-    options.master_address = address_;
-    options.auth_token = kClusterToken;
-    options.global_segment_size = 16 << 20;
-    options.segment_name = "ctl-test-segment";
-    auto client = StoreClient::Create(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
+    client_ = ClientWithSegment(address_, "ctl-test-segment");
+    ASSERT_NE(client_, nullptr);
     for (int i = 0; i < 5; ++i) {
       const std::string key = "model/a/" + std::to_string(i);
       ASSERT_TRUE(Put(key, Value(i)).ok());
@@ -269,14 +276,7 @@ TEST_F(CtlTest, RemoveByPrefixAsksFirst) {
 
 // A second process's worth of memory: the segment a drain moves objects into.
 std::unique_ptr<StoreClient> SecondClient(const std::string& master) {
-  StoreClientOptions options;
-  options.master_address = master;
-  options.auth_token = kClusterToken;
-  options.global_segment_size = 16 << 20;
-  options.segment_name = "ctl-test-segment-2";
-  auto client = StoreClient::Create(options);
-  EXPECT_TRUE(client.ok()) << client.status();
-  return client.ok() ? std::move(*client) : nullptr;
+  return ClientWithSegment(master, "ctl-test-segment-2");
 }
 
 // The segment each key's first replica is on.

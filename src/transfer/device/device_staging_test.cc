@@ -29,7 +29,6 @@ namespace larder::transfer {
 namespace {
 
 using namespace std::chrono_literals;
-using testutil::OnNewThread;
 using testutil::TransferOne;
 
 constexpr uint64_t kMiB = 1 << 20;

@@ -255,11 +255,8 @@ TEST(DeviceTransportIpcTest, CopiesAreSplitAtBoundariesOfTheLocalBuffersAndTheIm
   ASSERT_TRUE(segment.ok()) << segment.status();
   OwnerView owner(*d.engine, *segment);
   ASSERT_NE(owner.bytes(), nullptr);
-  auto raw = d.backend->Allocate(8 * kMiB);
-  ASSERT_TRUE(raw.ok());
-  auto* local = static_cast<uint8_t*>(*raw);
-  ASSERT_TRUE(d.engine->RegisterLocalMemory(local, 2 * kMiB).ok());
-  ASSERT_TRUE(d.engine->RegisterLocalMemory(local + 2 * kMiB, 6 * kMiB).ok());
+  uint8_t* local = testutil::SplitRegisteredDeviceMemory(d);
+  ASSERT_NE(local, nullptr);
   const uint64_t length = 5 * kMiB + 12345;
   const uint64_t offset = 3 * kMiB / 2 + 4096;  // the segment side crosses 2M, 4M and 6M
   for (uint64_t i = 0; i < length; ++i) local[kMiB + i] = static_cast<uint8_t>(i * 13 + 1);

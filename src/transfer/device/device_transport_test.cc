@@ -180,11 +180,8 @@ TEST(DeviceTransportTest, ReadsAndWritesAreSplitAtBoundariesOfBothSides) {
   ASSERT_TRUE(d.backend->SetCurrentDevice(0).ok());
   std::shared_ptr<MemoryRegion> memory;
   SegmentHandle segment = ExportSegment(*d.engine, 16 * kMiB, &memory);
-  auto raw = d.backend->Allocate(8 * kMiB);
-  ASSERT_TRUE(raw.ok());
-  auto* local = static_cast<uint8_t*>(*raw);
-  ASSERT_TRUE(d.engine->RegisterLocalMemory(local, 2 * kMiB).ok());
-  ASSERT_TRUE(d.engine->RegisterLocalMemory(local + 2 * kMiB, 6 * kMiB).ok());
+  uint8_t* local = testutil::SplitRegisteredDeviceMemory(d);
+  ASSERT_NE(local, nullptr);
   const uint64_t length = 5 * kMiB + 12345;
   for (uint64_t i = 0; i < length; ++i) local[kMiB + i] = static_cast<uint8_t>(i * 13 + 1);
   const uint64_t offset = 3 * kMiB / 2 + 4096;  // segment side crosses 2M, 4M, 6M elsewhere

@@ -55,6 +55,20 @@ inline DeviceEngine MakeDeviceEngine(transfer::EmulatedDeviceOptions device_opti
   return d;
 }
 
+// 8 MiB of device memory of `d`'s backend, registered with its engine as two registrations
+// (2 MiB, then 6 MiB), so that a copy crossing 2 MiB must be split on the local side; the current
+// device must be set. Null (with a test failure) when it cannot be had.
+inline uint8_t* SplitRegisteredDeviceMemory(DeviceEngine& d) {
+  constexpr uint64_t kMiB = 1 << 20;
+  auto raw = d.backend->Allocate(8 * kMiB);
+  EXPECT_TRUE(raw.ok()) << raw.status();
+  if (!raw.ok()) return nullptr;
+  auto* local = static_cast<uint8_t*>(*raw);
+  EXPECT_TRUE(d.engine->RegisterLocalMemory(local, 2 * kMiB).ok());
+  EXPECT_TRUE(d.engine->RegisterLocalMemory(local + 2 * kMiB, 6 * kMiB).ok());
+  return local;
+}
+
 // Moves one request synchronously; its status (InternalError when OK but short).
 inline Status TransferOne(TransferEngine& engine, TransferOp op, void* local, SegmentHandle segment,
                           uint64_t offset, uint64_t length, RouteKind* route = nullptr) {

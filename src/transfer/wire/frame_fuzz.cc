@@ -10,18 +10,11 @@
 #include <string>
 #include <string_view>
 
+#include "testing/fuzz_check.h"
 #include "transfer/wire/auth.h"
 #include "transfer/wire/frame.h"
 
 using namespace larder::transfer::wire;  // NOLINT: a fuzz target of this namespace
-
-namespace {
-
-void Check(bool condition) {
-  if (!condition) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size >= kFrameHeaderSize) {
@@ -29,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (DecodeHeader(data, &header).ok()) {
       uint8_t again[kFrameHeaderSize];
       EncodeHeader(header, again);
-      Check(std::memcmp(again, data, kFrameHeaderSize) == 0);
+      larder::test::FuzzCheck(std::memcmp(again, data, kFrameHeaderSize) == 0);
     }
   }
   std::string_view payload(reinterpret_cast<const char*>(data), size);
@@ -38,16 +31,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   AuthNonce nonce;
   std::string engine_id;
   if (DecodeHello(payload, &nonce, &engine_id).ok()) {
-    Check(engine_id.size() <= kMaxEngineIdBytes);
-    Check(EncodeHello(nonce, engine_id) == payload);
+    larder::test::FuzzCheck(engine_id.size() <= kMaxEngineIdBytes);
+    larder::test::FuzzCheck(EncodeHello(nonce, engine_id) == payload);
   }
   AuthRequest request;
   if (DecodeAuth(payload, &request).ok()) {
-    Check(request.client_engine_id.size() <= kMaxEngineIdBytes);
-    Check(request.dialed_endpoint.size() <= kMaxEndpointBytes);
-    Check(EncodeAuth(request) == payload);
+    larder::test::FuzzCheck(request.client_engine_id.size() <= kMaxEngineIdBytes);
+    larder::test::FuzzCheck(request.dialed_endpoint.size() <= kMaxEndpointBytes);
+    larder::test::FuzzCheck(EncodeAuth(request) == payload);
   }
   AuthMac mac;
-  if (DecodeAuthOk(payload, &mac).ok()) Check(EncodeAuthOk(mac) == payload);
+  if (DecodeAuthOk(payload, &mac).ok()) larder::test::FuzzCheck(EncodeAuthOk(mac) == payload);
   return 0;
 }

@@ -132,22 +132,29 @@ TEST(ReplayTraceTest, RejectsBadTraces) {
   }
 }
 
-TEST(SimulatePrefixCacheTest, UnboundedOnTheFixture) {
-  auto requests = LoadTrace(kFixture);
-  ASSERT_TRUE(requests.ok()) << requests.status();
-  SimulatedHits hits = SimulatePrefixCache(*requests, 0);
+// The fixture's requests, loaded for each test.
+class SimulatePrefixCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto loaded = LoadTrace(kFixture);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    requests_ = std::move(*loaded);
+  }
+  std::vector<TraceRequest> requests_;
+};
+
+TEST_F(SimulatePrefixCacheTest, UnboundedOnTheFixture) {
+  SimulatedHits hits = SimulatePrefixCache(requests_, 0);
   EXPECT_EQ(hits.block_refs, 96u);
   EXPECT_EQ(hits.hit_blocks, 64u);
   EXPECT_EQ(hits.distinct_blocks, 32u);
   EXPECT_EQ(PerRequest(hits), kUnboundedHits);
   // As large as the footprint: nothing is ever evicted.
-  EXPECT_EQ(SimulatePrefixCache(*requests, 32).hit_blocks, 64u);
+  EXPECT_EQ(SimulatePrefixCache(requests_, 32).hit_blocks, 64u);
 }
 
-TEST(SimulatePrefixCacheTest, LruOfEightBlocksOnTheFixture) {
-  auto requests = LoadTrace(kFixture);
-  ASSERT_TRUE(requests.ok()) << requests.status();
-  SimulatedHits hits = SimulatePrefixCache(*requests, 8);
+TEST_F(SimulatePrefixCacheTest, LruOfEightBlocksOnTheFixture) {
+  SimulatedHits hits = SimulatePrefixCache(requests_, 8);
   EXPECT_EQ(hits.block_refs, 96u);
   EXPECT_EQ(hits.hit_blocks, 20u);
   EXPECT_EQ(PerRequest(hits), kLru8Hits);
