@@ -291,6 +291,18 @@ struct LARDER_EXPORT EngineStats {
   uint64_t staged_to_device_bytes = 0;
   uint64_t staging_copy_failures = 0;
 
+  // One of the values above, by name, with the transport that keeps it.
+  struct Value {
+    std::string_view transport;  // "shm", "device"
+    std::string_view name;       // the field's name: "mapped_segments", "device_imports", ...
+    uint64_t value = 0;
+    bool gauge = false;  // a level now (true) or a count since the engine was created (false)
+  };
+  // Every value above, in declaration order: what ToJson writes and what a store client's
+  // heartbeat reports of its gauges (the master's /metrics and /api/clients show each by its name),
+  // so a transport's new value reaches all three by being listed here once.
+  std::vector<Value> Values() const;
+
   // Reads and writes on `route` over every peer.
   TransferCounters ByRoute(RouteKind route) const;
   // Reads and writes with `engine_id` on `route`.

@@ -84,10 +84,13 @@ void AddTrafficReport(const EngineStats& stats, proto::HeartbeatRequest* request
     t->set_bytes(peer.reads.bytes + peer.writes.bytes);
     t->set_failures(peer.reads.failures + peer.writes.failures);
   }
-  request->set_mapped_segments(stats.mapped_segments);
-  request->set_mapped_bytes(stats.mapped_bytes);
-  request->set_device_imports(stats.device_imports);
-  request->set_device_imported_bytes(stats.device_imported_bytes);
+  for (const EngineStats::Value& value : stats.Values()) {
+    if (!value.gauge) continue;
+    proto::TransportGauge* gauge = request->add_gauges();
+    gauge->set_transport(std::string(value.transport));
+    gauge->set_name(std::string(value.name));
+    gauge->set_value(value.value);
+  }
 }
 
 }  // namespace larder::client

@@ -29,6 +29,8 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
     stdout_fd_ = other.stdout_fd_;
     address_ = std::move(other.address_);
     buffered_ = std::move(other.buffered_);
+    reaped_ = other.reaped_;
+    reaped_status_ = other.reaped_status_;
     other.pid_ = -1;
     other.stdin_fd_ = other.stdout_fd_ = -1;
   }
@@ -145,17 +147,33 @@ Result<std::string> ChildProcess::ReadLine(std::chrono::milliseconds timeout) {
 }
 
 void ChildProcess::Kill(int signal) {
-  if (pid_ > 0) kill(pid_, signal);
+  if (pid_ <= 0 || reaped_) return;
+  kill(pid_, signal);
+  if (signal != SIGSTOP) return;
+  // waitpid reports the stop once the whole thread group has stopped.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    pid_t done = waitpid(pid_, &status, WUNTRACED | WNOHANG);
+    if (done < 0) return;
+    if (done == pid_) {
+      if (WIFSTOPPED(status)) return;
+      reaped_ = true;
+      reaped_status_ = status;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 int ChildProcess::Stop(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return -1;
   if (stdin_fd_ >= 0) close(stdin_fd_);
   stdin_fd_ = -1;
-  int status = 0;
+  int status = reaped_status_;
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  pid_t done = 0;
-  while ((done = waitpid(pid_, &status, WNOHANG)) == 0 &&
+  pid_t done = reaped_ ? pid_ : 0;
+  while (!reaped_ && (done = waitpid(pid_, &status, WNOHANG)) == 0 &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -166,6 +184,7 @@ int ChildProcess::Stop(std::chrono::milliseconds timeout) {
   if (stdout_fd_ >= 0) close(stdout_fd_);
   stdout_fd_ = -1;
   pid_ = -1;
+  reaped_ = false;
   return status;
 }
 

@@ -39,7 +39,9 @@ class ChildProcess {
   // Unavailable (it exited).
   Result<std::string> ReadLine(std::chrono::milliseconds timeout);
 
-  // Sends `signal` (e.g. SIGKILL for crash tests).
+  // Sends `signal` (e.g. SIGKILL for crash tests). For SIGSTOP, returns once every thread of the
+  // child has stopped (or it exited): a stop takes effect as each thread next enters the kernel,
+  // so without the wait the child could still answer a request sent after Kill returned.
   void Kill(int signal);
   // Closes its stdin and waits up to `timeout` for it to exit; kills it after that. Exit status.
   int Stop(std::chrono::milliseconds timeout);
@@ -50,6 +52,9 @@ class ChildProcess {
   int stdout_fd_ = -1;
   std::string address_;
   std::string buffered_;  // stdout read but not yet returned by ReadLine
+  // Set when waiting for a stop reaped the child instead: its exit status, for Stop.
+  bool reaped_ = false;
+  int reaped_status_ = 0;
 };
 
 // Path of the running executable.

@@ -254,6 +254,48 @@ TEST(MasterAuthTest, ASessionActsForItsOwnClientOnly) {
   EXPECT_FALSE(beat_reply.remount_required());
 }
 
+// A heartbeat's gauges become metric names (larder_client_<name>): only names of [a-z0-9_], each
+// once, at most kMaxTransportGauges of them, are kept.
+TEST(MasterAuthTest, AHeartbeatsGaugesAreKeptOnlyWhenTheyAreNames) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient client = Client(*server, "client", kToken);
+  MountAndPut(client, "client", "client-seg", Keys("page/", 1));
+  proto::HeartbeatRequest beat;
+  proto::HeartbeatReply beat_reply;
+  beat.set_client_id("client");
+  auto add = [&](const std::string& transport, const std::string& name, uint64_t value) {
+    proto::TransportGauge* gauge = beat.add_gauges();
+    gauge->set_transport(transport);
+    gauge->set_name(name);
+    gauge->set_value(value);
+  };
+  add("shm", "mapped_segments", 3);
+  add("shm", "mapped_segments", 4);                   // twice: the first counts
+  add("shm", "bad{name=\"x\"} 1\nforged_metric", 5);  // would forge a series
+  add("shm", "Upper", 6);
+  add("shm", std::string(kMaxGaugeNameBytes + 1, 'a'), 7);
+  add("shm\n", "transport_with_newline", 8);
+  add("shm", "", 9);
+  for (size_t i = 0; i < 2 * kMaxTransportGauges; ++i) add("device", "g" + std::to_string(i), i);
+  Status status = client.Call("Heartbeat", &Stub::Heartbeat, beat, &beat_reply);
+  ASSERT_TRUE(status.ok()) << status;
+  auto traffic = server->state().Traffic();
+  ASSERT_EQ(traffic.size(), 1u);
+  const ClientTraffic& report = traffic[0].second;
+  ASSERT_EQ(report.gauges.size(), kMaxTransportGauges);
+  EXPECT_EQ(report.gauges[0].name, "mapped_segments");
+  EXPECT_EQ(report.gauges[0].transport, "shm");
+  EXPECT_EQ(report.Gauge("mapped_segments"), 3u);
+  EXPECT_EQ(report.gauges[1].name, "g0");
+  EXPECT_EQ(report.gauges.back().name, "g" + std::to_string(kMaxTransportGauges - 2));
+  for (const TransportGaugeReport& gauge : report.gauges) {
+    EXPECT_EQ(gauge.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_"),
+              std::string::npos)
+        << gauge.name;
+  }
+}
+
 // A token holder reads the victim's descriptor and mounts it as a segment of its own: every put
 // placed there would land in the victim's memory. Refused, as are descriptors that are not one.
 TEST(MasterAuthTest, AClientMountsOnlyItsOwnSegments) {

@@ -288,7 +288,7 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
                                 {"size", segment.size},
                                 {"used", segment.used},
                                 {"objects", segment.objects},
-                                {"page_size", PageSizeOf(segment)},
+                                {"page_size", segment.page_size},
                                 {"draining", segment.draining},
                                 {"routes_to_owner", RoutesJson(by_peer, segment.client_id)}});
                }
@@ -304,20 +304,19 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
                  ++segments[segment.client_id];
                std::map<std::string, ClientTraffic> traffic;
                for (auto& [client, report] : state.Traffic()) traffic[client] = std::move(report);
+               const auto gauges = GaugeNames(traffic);
                ordered_json out = ordered_json::array();
                for (const ClientView& client : state.ListClients()) {
                  const ClientTraffic& report = traffic[client.client_id];
-                 out.push_back({{"client_id", client.client_id},
-                                {"host_id", client.host_id},
-                                {"pid", client.pid},
-                                {"alive", client.alive},
-                                {"last_heartbeat_ms_ago", client.since_last_seen_ms},
-                                {"segments", segments[client.client_id]},
-                                {"mapped_segments", report.mapped_segments},
-                                {"mapped_bytes", report.mapped_bytes},
-                                {"device_imports", report.device_imports},
-                                {"device_imported_bytes", report.device_imported_bytes},
-                                {"routes", RoutesJson(by_reporter, client.client_id)}});
+                 ordered_json entry{{"client_id", client.client_id},
+                                    {"host_id", client.host_id},
+                                    {"pid", client.pid},
+                                    {"alive", client.alive},
+                                    {"last_heartbeat_ms_ago", client.since_last_seen_ms},
+                                    {"segments", segments[client.client_id]}};
+                 for (const auto& [name, transport] : gauges) entry[name] = report.Gauge(name);
+                 entry["routes"] = RoutesJson(by_reporter, client.client_id);
+                 out.push_back(std::move(entry));
                }
                SendJson(response, {{"clients", out}});
              });
@@ -434,7 +433,7 @@ void InstallHttpRoutes(httplib::Server& server, MasterState& state, HttpAuth aut
                      {"client_id", segment.client_id},
                      {"host_id", segment.host_id},
                      {"size", segment.size},
-                     {"page_size", PageSizeOf(segment)},
+                     {"page_size", segment.page_size},
                      {"used", segment.used},
                      {"objects", segment.objects}});
     }

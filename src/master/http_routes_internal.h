@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -31,11 +32,21 @@ bool AdminAllowed(const HttpAuth& auth, const httplib::Request& request,
 // (so tenant keys show as \x00tenant\x00key, and no key can break a line).
 std::string EscapeLine(std::string_view text);
 
-// The page size a segment's descriptor announces (4 KiB when it says none).
-uint64_t PageSizeOf(const SegmentView& segment);
-
 // JSON text, bytes that are not UTF-8 replaced.
 std::string Dump(const nlohmann::ordered_json& j);
+
+// The gauges that any of `reports` (pairs of a client id and its ClientTraffic) names, each with
+// the transport that keeps it, sorted by name: what /metrics and /api/clients show for every
+// client.
+template <typename Reports>
+std::map<std::string, std::string> GaugeNames(const Reports& reports) {
+  std::map<std::string, std::string> names;
+  for (const auto& [client, report] : reports) {
+    for (const TransportGaugeReport& gauge : report.gauges)
+      names.emplace(gauge.name, gauge.transport);
+  }
+  return names;
+}
 
 // GET /get_all_segments, /get_all_keys, /query_key, /batch_query_keys, /query_segment.
 void InstallMooncakeRoutes(httplib::Server& server, MasterState& state, const HttpAuth& auth);

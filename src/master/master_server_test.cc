@@ -98,10 +98,10 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
   ClientTraffic traffic;
   traffic.routes.push_back({"prefill-b", "shm", 10, 40960, 0});
   traffic.routes.push_back({"decode \"x\"", "tcp", 2, 8192, 1});  // quotes must be escaped
-  traffic.mapped_segments = 1;
-  traffic.mapped_bytes = 1ull << 40;
-  traffic.device_imports = 2;
-  traffic.device_imported_bytes = 3ull << 30;
+  traffic.gauges = {{"shm", "mapped_segments", 1},
+                    {"shm", "mapped_bytes", 1ull << 40},
+                    {"device", "device_imports", 2},
+                    {"device", "device_imported_bytes", 3ull << 30}};
   EXPECT_FALSE(state.Heartbeat("prefill-a", &traffic).remount_required);
   ClientTraffic stranger;
   stranger.routes.push_back({"x", "tcp", 1, 1, 0});

@@ -15,15 +15,6 @@
 
 namespace larder::master {
 
-uint64_t PageSizeOf(const SegmentView& segment) {
-  auto j = nlohmann::json::parse(segment.descriptor, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object()) {
-    auto it = j.find("page_size");
-    if (it != j.end() && it->is_number_unsigned()) return it->get<uint64_t>();
-  }
-  return 4096;
-}
-
 namespace {
 
 // A Prometheus histogram in seconds: cumulative buckets, +Inf, _sum and _count.
@@ -121,32 +112,17 @@ void RenderTraffic(std::ostringstream& out, const MasterState& state) {
       }
     }
   }
-  out << "# HELP larder_client_mapped_segments Peer segments a client maps over shm.\n"
-         "# TYPE larder_client_mapped_segments gauge\n";
-  for (const auto& [client, report] : traffic) {
-    out << "larder_client_mapped_segments{client=\"" << LabelValue(client) << "\"} "
-        << report.mapped_segments << '\n';
-  }
-  out << "# HELP larder_client_mapped_bytes Address space of the peer segments a client maps "
-         "(resident memory is only what it copied).\n"
-         "# TYPE larder_client_mapped_bytes gauge\n";
-  for (const auto& [client, report] : traffic) {
-    out << "larder_client_mapped_bytes{client=\"" << LabelValue(client) << "\"} "
-        << report.mapped_bytes << '\n';
-  }
-  out << "# HELP larder_client_device_imports Peers' device allocations a client imports now "
-         "(the device route).\n"
-         "# TYPE larder_client_device_imports gauge\n";
-  for (const auto& [client, report] : traffic) {
-    out << "larder_client_device_imports{client=\"" << LabelValue(client) << "\"} "
-        << report.device_imports << '\n';
-  }
-  out << "# HELP larder_client_device_imported_bytes Size of the device allocations a client "
-         "imports now.\n"
-         "# TYPE larder_client_device_imported_bytes gauge\n";
-  for (const auto& [client, report] : traffic) {
-    out << "larder_client_device_imported_bytes{client=\"" << LabelValue(client) << "\"} "
-        << report.device_imported_bytes << '\n';
+  // One family per gauge a client's transports report (EngineStats::Values), each client with a
+  // line, 0 where its heartbeat did not name that gauge.
+  for (const auto& [name, transport] : GaugeNames(traffic)) {
+    out << "# HELP larder_client_" << name << " The " << transport << " transport's gauge " << name
+        << " of a client, as its heartbeats report it (docs/operations.md).\n"
+           "# TYPE larder_client_"
+        << name << " gauge\n";
+    for (const auto& [client, report] : traffic) {
+      out << "larder_client_" << name << "{client=\"" << LabelValue(client) << "\"} "
+          << report.Gauge(name) << '\n';
+    }
   }
 }
 
@@ -265,7 +241,7 @@ std::string RenderMetrics(const MasterState& state) {
          "# TYPE larder_segment_page_bytes gauge\n";
   for (const SegmentView& segment : segments) {
     out << "larder_segment_page_bytes{segment=\"" << LabelValue(segment.name) << "\"} "
-        << PageSizeOf(segment) << '\n';
+        << segment.page_size << '\n';
   }
   RenderTrafficTotals(out, state);
   if (state.options().metrics_per_client) RenderTraffic(out, state);

@@ -40,14 +40,7 @@ std::unordered_map<PoolSegmentId, SegmentAddress> AddressesOf(
   for (const SegmentView& segment : state.ListSegments(ids)) {
     SegmentAddress& address = addresses[segment.segment_id];
     address.base = segment.base;
-    address.endpoint = segment.name;
-    auto j = nlohmann::json::parse(segment.descriptor, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object()) {
-      auto it = j.find("address");
-      if (it != j.end() && it->is_string() && !it->get<std::string>().empty()) {
-        address.endpoint = it->get<std::string>();
-      }
-    }
+    address.endpoint = segment.address.empty() ? segment.name : segment.address;
   }
   return addresses;
 }

@@ -2,6 +2,8 @@
 //
 #include "master/service.h"
 
+#include <algorithm>
+
 #include "common/error_detail_wire.h"
 #include "common/logging.h"
 #include "common/proto_mac.h"
@@ -15,6 +17,14 @@ void SetStatus(proto::ItemStatus* out, const Status& status) {
   if (!status.ok()) out->set_message(status.message());
   if (status.detail() != ErrorDetail::kNone)
     out->set_detail(static_cast<uint32_t>(status.detail()));
+}
+
+// A transport's or gauge's name as a heartbeat may give it: it becomes part of a metric's name.
+bool IsGaugeName(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxGaugeNameBytes &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+         });
 }
 
 grpc::Status ToGrpc(const Status& status) {
@@ -339,11 +349,17 @@ class MasterService final : public proto::Master::Service {
       traffic.routes.push_back(
           {t.peer_client_id(), t.route(), t.requests(), t.bytes(), t.failures()});
     }
-    traffic.mapped_segments = request->mapped_segments();
-    traffic.mapped_bytes = request->mapped_bytes();
-    traffic.device_imports = request->device_imports();
-    traffic.device_imported_bytes = request->device_imported_bytes();
-    const bool reported = entries > 0 || traffic.mapped_segments > 0 || traffic.device_imports > 0;
+    bool reported = entries > 0;
+    for (const proto::TransportGauge& gauge : request->gauges()) {
+      if (traffic.gauges.size() == kMaxTransportGauges) break;
+      if (!IsGaugeName(gauge.name()) || !IsGaugeName(gauge.transport()) ||
+          std::any_of(traffic.gauges.begin(), traffic.gauges.end(),
+                      [&](const TransportGaugeReport& g) { return g.name == gauge.name(); })) {
+        continue;
+      }
+      traffic.gauges.push_back({gauge.transport(), gauge.name(), gauge.value()});
+      reported = reported || gauge.value() > 0;
+    }
     HeartbeatOutcome outcome =
         state_->Heartbeat(request->client_id(), reported ? &traffic : nullptr);
     reply->set_remount_required(outcome.remount_required);

@@ -175,6 +175,10 @@ struct SegmentView {
   uint64_t used = 0;
   uint64_t objects = 0;
   std::string descriptor;
+  // What the operator's routes and Mooncake's read of the descriptor, parsed once at mount: the
+  // page size it announces (4 KiB when it names none) and its engine's address ("" when none).
+  uint64_t page_size = 4096;
+  std::string address;
   bool draining = false;  // an operator's drain: no put places a replica here
 };
 
@@ -260,18 +264,31 @@ struct RouteTrafficReport {
   uint64_t failures = 0;
 };
 
+// A level one of a client's transports keeps now, as its heartbeat reported it.
+struct TransportGaugeReport {
+  std::string transport;
+  std::string name;  // [a-z0-9_]+: the metric larder_client_<name>
+  uint64_t value = 0;
+};
+
 // What a client's heartbeats say about its data path.
 struct ClientTraffic {
   std::vector<RouteTrafficReport> routes;
-  uint64_t mapped_segments = 0;
-  uint64_t mapped_bytes = 0;
-  uint64_t device_imports = 0;
-  uint64_t device_imported_bytes = 0;
+  std::vector<TransportGaugeReport> gauges;  // distinct names, in the order reported
+  // The value of the gauge `name`, 0 when the client did not report it.
+  uint64_t Gauge(std::string_view name) const {
+    for (const TransportGaugeReport& gauge : gauges) {
+      if (gauge.name == name) return gauge.value;
+    }
+    return 0;
+  }
 };
 
 // Bounds on a heartbeat's report; a report past them is cut, never trusted to be small.
 inline constexpr size_t kMaxTrafficEntries = 1024;
 inline constexpr size_t kMaxTrafficLabelBytes = 256;
+inline constexpr size_t kMaxTransportGauges = 64;
+inline constexpr size_t kMaxGaugeNameBytes = 64;
 
 // Bounds on what one request may ask, checked before any work is done for it.
 inline constexpr size_t kMaxNameBytes = 256;  // client ids, host ids, segment names

@@ -32,6 +32,23 @@ TransferCounters EngineStats::ByPeer(std::string_view engine_id, RouteKind route
   return sum;
 }
 
+std::vector<EngineStats::Value> EngineStats::Values() const {
+  return {{"shm", "mapped_segments", mapped_segments, true},
+          {"shm", "mapped_bytes", mapped_bytes, true},
+          {"shm", "mappings_dropped", mappings_dropped, false},
+          {"device", "device_imports", device_imports, true},
+          {"device", "device_imported_bytes", device_imported_bytes, true},
+          {"device", "device_import_calls", device_import_calls, false},
+          {"device", "device_import_failures", device_import_failures, false},
+          {"device", "device_import_ns", device_import_ns, false},
+          {"device", "staging_buffers", staging_buffers, true},
+          {"device", "staging_buffers_in_use", staging_buffers_in_use, true},
+          {"device", "staging_waits", staging_waits, false},
+          {"device", "staged_to_host_bytes", staged_to_host_bytes, false},
+          {"device", "staged_to_device_bytes", staged_to_device_bytes, false},
+          {"device", "staging_copy_failures", staging_copy_failures, false}};
+}
+
 std::string EngineStats::ToJson() const {
   auto counters = [](const TransferCounters& c) {
     return nlohmann::json{{"requests", c.requests}, {"bytes", c.bytes}, {"failures", c.failures}};
@@ -47,23 +64,9 @@ std::string EngineStats::ToJson() const {
                     {"writes", counters(peer.writes)}});
     routes[std::string(RouteKindName(peer.route))] = counters(ByRoute(peer.route));
   }
-  return nlohmann::json{{"peers", list},
-                        {"routes", routes},
-                        {"mapped_segments", mapped_segments},
-                        {"mapped_bytes", mapped_bytes},
-                        {"mappings_dropped", mappings_dropped},
-                        {"device_imports", device_imports},
-                        {"device_imported_bytes", device_imported_bytes},
-                        {"device_import_calls", device_import_calls},
-                        {"device_import_failures", device_import_failures},
-                        {"device_import_ns", device_import_ns},
-                        {"staging_buffers", staging_buffers},
-                        {"staging_buffers_in_use", staging_buffers_in_use},
-                        {"staging_waits", staging_waits},
-                        {"staged_to_host_bytes", staged_to_host_bytes},
-                        {"staged_to_device_bytes", staged_to_device_bytes},
-                        {"staging_copy_failures", staging_copy_failures}}
-      .dump();
+  nlohmann::json out{{"peers", list}, {"routes", routes}};
+  for (const Value& value : Values()) out[std::string(value.name)] = value.value;
+  return out.dump();
 }
 
 std::string_view TrafficClassName(TrafficClass traffic_class) {
