@@ -82,7 +82,7 @@ class MasterState {
   uint64_t incarnation() const { return incarnation_; }
   const MasterOptions& options() const { return options_; }
 
-  // ---- clients and segments ----
+  // ---- clients and segments (clients.cc) ----
 
   // Registers the client (if new; its pid, when given, is kept) and mounts each segment; an
   // empty list only registers. Per segment, SegmentTable::Mount's errors, and:
