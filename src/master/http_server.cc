@@ -277,7 +277,9 @@ size_t GuardedHttpServer::waiting() const {
   MutexLock lock(mu_);
   size_t n = 0;
   for (const auto& [peer, connections] : peers_) {
-    for (const Connection& connection : connections) n += connection.waiting ? 1 : 0;
+    for (const Connection& connection : connections) {
+      n += connection.waiting && !connection.evicted ? 1 : 0;
+    }
   }
   return n;
 }

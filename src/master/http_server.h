@@ -56,7 +56,7 @@ class GuardedHttpServer : public httplib::Server {
   // Connections the gate closed unserved: no whole request by the deadline (or too long), or one
   // too many for their peer.
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
-  // Connections inside the gate now, their request not yet whole.
+  // Connections inside the gate now, their request not yet whole (not those it has evicted).
   size_t waiting() const;
 
  protected:

@@ -212,6 +212,14 @@ TEST(GuardedHttpServerTest, MasterAnswersHealthWhileSixtyFourConnectionsStall) {
     stalled.push_back(Connect((*server)->http_port()));
     Send(stalled.back(), "GET /health HTTP/1.1\r\nHost: x\r\n");
   }
+  // All from this one peer: once its threads have taken them up, the gate holds the peer's share
+  // of them and has closed the rest. (A probe that came in while they were still being taken up
+  // would be one of the peer's waiting connections, and could lose its place to a later one.)
+  const GuardedHttpServer* gate = (*server)->http_server();
+  ASSERT_NE(gate, nullptr);
+  ASSERT_TRUE(testutil::WaitUntil([&] { return gate->waiting() + gate->refused() == 64; }, 10s))
+      << gate->waiting() << " waiting, " << gate->refused() << " refused";
+  EXPECT_EQ(gate->waiting(), HttpServerLimits{}.connections_per_peer);
   httplib::Client http("127.0.0.1", (*server)->http_port());
   // Well inside the request deadline (5 s) that would otherwise free the workers.
   http.set_connection_timeout(2s);

@@ -311,6 +311,8 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
 uint16_t MasterServer::port() const { return static_cast<uint16_t>(impl_->port); }
 const std::string& MasterServer::listen_host() const { return impl_->options.listen_host; }
 int MasterServer::http_port() const { return impl_->http_port; }
+
+const GuardedHttpServer* MasterServer::http_server() const { return impl_->http.get(); }
 MasterState& MasterServer::state() { return *impl_->state; }
 
 std::string MasterServer::role() const {

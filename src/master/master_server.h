@@ -58,6 +58,8 @@ struct MasterServerOptions {
   std::function<void(std::string_view role)> on_role_change;
 };
 
+class GuardedHttpServer;
+
 // larder-master: the gRPC service and the HTTP endpoint over one MasterState.
 // Thread-safe; Shutdown (or destruction) stops both servers and the sweeper.
 class MasterServer {
@@ -74,6 +76,8 @@ class MasterServer {
   // "host:port" clients can dial on this machine.
   std::string address() const;
   MasterState& state();
+  // The HTTP server's gate (what it holds and refused), nullptr when HTTP is disabled.
+  const GuardedHttpServer* http_server() const;
   // "leader", "standby" or "fenced" (lost the leadership; serves nothing) with etcd, "single"
   // without; "stopped" after Shutdown with etcd.
   std::string role() const;
