@@ -63,20 +63,32 @@ std::unique_ptr<Stub> RawStub(const MasterServer& server) {
       grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
 }
 
-// Mounts a segment of `size` bytes for `client` and stores `keys` in it (4 KiB each).
+// Mounts segment `name` of `size` bytes at `base` for `client` on "host" with `descriptor`: the
+// call's error, else the segment's own status.
+Status Mount(const MasterClient& rpc, const std::string& client, const std::string& name,
+             uint64_t base, uint64_t size, const std::string& descriptor) {
+  proto::MountSegmentsRequest request;
+  proto::MountSegmentsReply reply;
+  request.set_client_id(client);
+  request.set_host_id("host");
+  proto::SegmentInfo* info = request.add_segments();
+  info->set_name(name);
+  info->set_base(base);
+  info->set_size(size);
+  info->set_descriptor_json(descriptor);
+  Status status = rpc.Call("MountSegments", &Stub::MountSegments, request, &reply);
+  if (!status.ok()) return status;
+  EXPECT_EQ(reply.status_size(), 1);
+  if (reply.status_size() != 1) return InternalError("no status for the segment");
+  return Status(static_cast<StatusCode>(reply.status(0).code()), reply.status(0).message());
+}
+
+// Mounts a segment of 64 MiB for `client` and stores `keys` in it (4 KiB each).
 void MountAndPut(const MasterClient& rpc, const std::string& client, const std::string& segment,
                  const std::vector<std::string>& keys) {
-  proto::MountSegmentsRequest mount;
-  proto::MountSegmentsReply mounted;
-  mount.set_client_id(client);
-  mount.set_host_id("host");
-  proto::SegmentInfo* info = mount.add_segments();
-  info->set_name(segment);
-  info->set_base(0x100000);
-  info->set_size(64 << 20);
-  info->set_descriptor_json(OwnDescriptor(client, "host", segment, 64 << 20));
-  ASSERT_TRUE(rpc.Call("MountSegments", &Stub::MountSegments, mount, &mounted).ok());
-  ASSERT_EQ(mounted.status(0).code(), 0) << mounted.status(0).message();
+  Status mounted = Mount(rpc, client, segment, 0x100000, 64 << 20,
+                         OwnDescriptor(client, "host", segment, 64 << 20));
+  ASSERT_TRUE(mounted.ok()) << mounted;
   proto::BatchPutStartRequest start;
   proto::BatchPutStartReply started;
   start.set_client_id(client);
@@ -310,19 +322,7 @@ TEST(MasterAuthTest, AClientMountsOnlyItsOwnSegments) {
   ASSERT_EQ(listed.segments_size(), 1);
   const proto::SegmentInfo& stolen = listed.segments(0);
   auto mount = [&](const std::string& name, uint64_t size, const std::string& descriptor) {
-    proto::MountSegmentsRequest request;
-    proto::MountSegmentsReply reply;
-    request.set_client_id("rogue");
-    request.set_host_id("host");
-    proto::SegmentInfo* info = request.add_segments();
-    info->set_name(name);
-    info->set_base(0x100000);
-    info->set_size(size);
-    info->set_descriptor_json(descriptor);
-    Status status = rogue.Call("MountSegments", &Stub::MountSegments, request, &reply);
-    if (!status.ok()) return status;
-    EXPECT_EQ(reply.status_size(), 1);
-    return Status(static_cast<StatusCode>(reply.status(0).code()), reply.status(0).message());
+    return Mount(rogue, "rogue", name, 0x100000, size, descriptor);
   };
   // The victim's descriptor, under a new name and under its own.
   Status status = mount("alias", stolen.size(), stolen.descriptor_json());
@@ -349,6 +349,28 @@ TEST(MasterAuthTest, AClientMountsOnlyItsOwnSegments) {
   status = mount("mine", 1 << 20, OwnDescriptor("rogue", "host", "mine", 1 << 20));
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(server->state().Stats().segments, 2u);
+}
+
+// What the operator's routes and Mooncake's show of a segment (its page size, its engine's address)
+// is what the descriptor the master checked says.
+TEST(MasterAuthTest, AMountsPageSizeAndAddressComeFromItsDescriptor) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  MasterClient client = Client(*server, "client", kToken);
+  SegmentDescriptor descriptor;
+  descriptor.name = "huge";
+  descriptor.engine_id = "client";
+  descriptor.host_id = "host";
+  descriptor.address = "10.1.2.3:4567";
+  descriptor.size = 4 << 20;
+  descriptor.page_size = 2 << 20;
+  Status mounted =
+      Mount(client, "client", descriptor.name, 0x200000, descriptor.size, descriptor.ToJson());
+  ASSERT_TRUE(mounted.ok()) << mounted;
+  std::vector<SegmentView> segments = server->state().ListSegments({});
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].page_size, uint64_t{2} << 20);
+  EXPECT_EQ(segments[0].address, "10.1.2.3:4567");
 }
 
 TEST(MasterAuthTest, RemoveAllNeedsTheAdminToken) {

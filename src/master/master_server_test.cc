@@ -92,9 +92,9 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  ASSERT_TRUE(MountOne(state, "prefill-a", "host-a",
-                       {"huge-seg", 0x10000, 1 << 20, R"({"page_size":2097152})"})
-                  .ok());
+  SegmentMount huge{"huge-seg", 0x10000, 1 << 20, R"({"page_size":2097152})"};
+  huge.page_size = 2097152;  // as the service reads it from the descriptor
+  ASSERT_TRUE(MountOne(state, "prefill-a", "host-a", huge).ok());
   ClientTraffic traffic;
   traffic.routes.push_back({"prefill-b", "shm", 10, 40960, 0});
   traffic.routes.push_back({"decode \"x\"", "tcp", 2, 8192, 1});  // quotes must be escaped
@@ -196,6 +196,7 @@ TEST(MasterServerTest, MooncakeRoutesListSegmentsAndKeysAndQueryReplicas) {
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
   SegmentMount with_endpoint{"seg-a", 0x10000, 1 << 20, R"({"address":"10.0.0.1:7000"})"};
+  with_endpoint.address = "10.0.0.1:7000";  // as the service reads it from the descriptor
   SegmentMount without{"seg-b", 0x900000, 1 << 20, "{}"};
   ASSERT_TRUE(state.MountSegments("c", "h", std::span(&with_endpoint, 1))[0].ok());
   ASSERT_TRUE(state.MountSegments("d", "h2", std::span(&without, 1))[0].ok());
@@ -329,9 +330,9 @@ TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  ASSERT_TRUE(
-      MountOne(state, "owner", "host-a", {"seg-a", 0x10000, 1 << 20, R"({"page_size":2097152})"})
-          .ok());
+  SegmentMount huge{"seg-a", 0x10000, 1 << 20, R"({"page_size":2097152})"};
+  huge.page_size = 2097152;  // as the service reads it from the descriptor
+  ASSERT_TRUE(MountOne(state, "owner", "host-a", huge).ok());
   SegmentMount other{"seg-b", 0x10000, 1 << 20, "{}"};
   ASSERT_TRUE(state.MountSegments("reader", "host-b", std::span(&other, 1))[0].ok());
   for (std::string_view key : {"k1", "k2"}) {

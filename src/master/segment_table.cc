@@ -3,7 +3,6 @@
 #include "master/segment_table.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 
 #include "common/env.h"
 #include "common/mutex.h"
@@ -50,18 +49,8 @@ Result<PoolSegmentId> SegmentTable::Mount(uint32_t client_slot, const std::strin
   view.base = mount.base;
   view.size = mount.size;
   view.descriptor = mount.descriptor;
-  if (auto descriptor =
-          nlohmann::json::parse(mount.descriptor, nullptr, /*allow_exceptions=*/false);
-      descriptor.is_object()) {
-    auto page_size = descriptor.find("page_size");
-    if (page_size != descriptor.end() && page_size->is_number_unsigned()) {
-      view.page_size = page_size->get<uint64_t>();
-    }
-    auto address = descriptor.find("address");
-    if (address != descriptor.end() && address->is_string()) {
-      view.address = address->get<std::string>();
-    }
-  }
+  view.page_size = mount.page_size;
+  view.address = mount.address;
   auto segment = std::make_unique<Segment>(std::move(view), client_slot, alignment_);
   std::vector<std::optional<OffsetAllocator::Allocation>> reserved;
   reserved.reserve(prepare.reserve.size());

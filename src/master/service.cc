@@ -54,9 +54,12 @@ void FillSegment(const SegmentView& view, proto::SegmentInfo* out) {
   out->set_descriptor_json(view.descriptor);
 }
 
-// A mount as the state takes it; the catalog's keys are copied.
-SegmentMount ToMount(const proto::SegmentInfo& segment) {
+// A mount as the state takes it, with what `descriptor` (its parsed descriptor_json) says; the
+// catalog's keys are copied.
+SegmentMount ToMount(const proto::SegmentInfo& segment, const SegmentDescriptor& descriptor) {
   SegmentMount mount{segment.name(), segment.base(), segment.size(), segment.descriptor_json()};
+  mount.page_size = descriptor.page_size;
+  mount.address = descriptor.address;
   mount.catalog.reserve(static_cast<size_t>(segment.catalog_size()));
   for (const proto::CatalogEntry& entry : segment.catalog()) {
     mount.catalog.push_back(CatalogEntry{entry.key(), entry.offset(), entry.size(), entry.pinned(),
@@ -70,12 +73,12 @@ SegmentMount ToMount(const proto::SegmentInfo& segment) {
 // A segment belongs to the client that mounts it: its descriptor must be the one that client's
 // engine published for this segment. Otherwise a token holder could mount another client's
 // descriptor under a name of its own, and every put placed there would be written into that
-// client's memory over its objects.
-Status CheckOwnSegment(const proto::MountSegmentsRequest& request,
-                       const proto::SegmentInfo& segment) {
+// client's memory over its objects. Returns the mount of a segment that is the client's own.
+Result<SegmentMount> OwnMount(const proto::MountSegmentsRequest& request,
+                              const proto::SegmentInfo& segment) {
   const std::string& json = segment.descriptor_json();
   // SegmentTable::Mount refuses an oversize descriptor, saying so, before reading it.
-  if (json.size() > kMaxDescriptorBytes) return Status::Ok();
+  if (json.size() > kMaxDescriptorBytes) return ToMount(segment, SegmentDescriptor{});
   const std::string name = QuoteKey(segment.name());
   auto descriptor = SegmentDescriptor::FromJson(json);
   if (!descriptor.ok()) {
@@ -102,7 +105,7 @@ Status CheckOwnSegment(const proto::MountSegmentsRequest& request,
                                 std::to_string(descriptor->size) + " bytes, the mount " +
                                 std::to_string(segment.size()));
   }
-  return Status::Ok();
+  return ToMount(segment, *descriptor);
 }
 
 void FillCatalogChanges(const SegmentCatalogChanges& changes, proto::SegmentCatalogChanges* out) {
@@ -270,9 +273,10 @@ class MasterService final : public proto::Master::Service {
     std::vector<SegmentMount> mounts;
     checks.reserve(static_cast<size_t>(request->segments_size()));
     for (const proto::SegmentInfo& segment : request->segments()) {
-      checks.push_back(CheckOwnSegment(*request, segment));
-      if (checks.back().ok()) {
-        mounts.push_back(ToMount(segment));
+      Result<SegmentMount> mount = OwnMount(*request, segment);
+      checks.push_back(mount.status());
+      if (mount.ok()) {
+        mounts.push_back(std::move(mount).value());
       } else {
         Log().warn("client {} mounts a segment that is not its own: {}",
                    request->client_id().substr(0, 64), checks.back().message());

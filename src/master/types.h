@@ -91,6 +91,10 @@ struct SegmentMount {
   uint64_t base = 0;       // owner's address of byte 0; ranges of one client may not overlap
   uint64_t size = 0;       // > 0
   std::string descriptor;  // SegmentDescriptor JSON, handed to readers and writers as is
+  // What the descriptor says that the operator's routes and Mooncake's show, as the service parsed
+  // it when it checked that the segment is the client's own (service.cc, OwnMount).
+  uint64_t page_size = 4096;
+  std::string address = {};
   // The committed objects the owner holds in the segment, as it learnt them from the master
   // incarnation `catalog_incarnation` (0: unknown). A master rebuilds them from a catalog of
   // another incarnation; one of its own is ignored (see MasterState::MountSegments).
@@ -175,8 +179,7 @@ struct SegmentView {
   uint64_t used = 0;
   uint64_t objects = 0;
   std::string descriptor;
-  // What the operator's routes and Mooncake's read of the descriptor, parsed once at mount: the
-  // page size it announces (4 KiB when it names none) and its engine's address ("" when none).
+  // Of the descriptor (SegmentMount::page_size, address): its page size and its engine's address.
   uint64_t page_size = 4096;
   std::string address;
   bool draining = false;  // an operator's drain: no put places a replica here
