@@ -164,9 +164,9 @@ TEST(EngineShmPolicyTest, UidNotAllowedIsPermissionDeniedOrFallsBackToTcp) {
 }
 
 TEST(EngineShmPolicyTest, CallerOwnedSegmentsAreNotSharedOverShm) {
+  std::vector<uint8_t> caller_owned(64 * 1024);  // outlives the engine that serves it
   auto owner = CreateEngine(WithProtocol("auto"));
   ASSERT_TRUE(owner);
-  std::vector<uint8_t> caller_owned(64 * 1024);
   ASSERT_TRUE(owner->RegisterSegment("heap", caller_owned.data(), caller_owned.size()).ok());
   SegmentDescriptor descriptor = owner->ListSegments().at(0);
   EXPECT_EQ(descriptor.memory_kind, MemoryKind::kAnonymous);

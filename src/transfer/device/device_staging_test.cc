@@ -144,10 +144,12 @@ TEST(DeviceStagingTest, ADeviceSegmentIsReadAndWrittenFromAnotherHostOverTcp) {
 }
 
 TEST(DeviceStagingTest, AnInitiatorsDeviceBuffersGoThroughStagingOnEveryCpuRoute) {
+  // The segments' memory outlives the engines that serve it.
+  std::vector<uint8_t> host_segment(8 * kMiB);
+  std::vector<uint8_t> own(kMiB);
   Host owner = MakeHost("host-a", false);
   Host initiator = MakeHost("host-b", true);
   ASSERT_TRUE(owner.engine && initiator.engine);
-  std::vector<uint8_t> host_segment(8 * kMiB);
   ASSERT_TRUE(owner.engine->RegisterSegment("host", host_segment.data(), host_segment.size()).ok());
   Result<SegmentHandle> segment = OpenOn(*initiator.engine, *owner.engine, "host");
   ASSERT_TRUE(segment.ok()) << segment.status();
@@ -181,7 +183,6 @@ TEST(DeviceStagingTest, AnInitiatorsDeviceBuffersGoThroughStagingOnEveryCpuRoute
   ExpectBuffersBack({initiator.engine.get()});
 
   // The local route (a host segment of the initiator itself) stages the same way.
-  std::vector<uint8_t> own(kMiB);
   ASSERT_TRUE(initiator.engine->RegisterSegment("own", own.data(), own.size()).ok());
   Result<SegmentHandle> local = OpenOn(*initiator.engine, *initiator.engine, "own");
   ASSERT_TRUE(local.ok()) << local.status();
@@ -318,10 +319,10 @@ TEST(DeviceStagingTest, RangesPastTheEndAndForgedDescriptorsAreRefusedByTheOwner
   ExpectBuffersBack({owner.engine.get()});
 
   // A host segment of an engine without a device backend, described as device memory: served
-  // from the host memory it is.
+  // from the host memory it is. (Its memory is declared first: it outlives the engine.)
+  std::vector<uint8_t> host_bytes(kMiB);
   Host plain = MakeHost("host-c", false);
   ASSERT_TRUE(plain.engine);
-  std::vector<uint8_t> host_bytes(kMiB);
   Fill(host_bytes.data(), kMiB, 8);
   ASSERT_TRUE(plain.engine->RegisterSegment("plain", host_bytes.data(), host_bytes.size()).ok());
   SegmentDescriptor device_claim = plain.engine->ListSegments().front();
