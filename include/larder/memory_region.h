@@ -22,6 +22,8 @@ enum class MemoryKind : uint8_t {
 };
 
 LARDER_EXPORT std::string_view MemoryKindName(MemoryKind kind);
+// The kind MemoryKindName names. Errors: InvalidArgument (no such kind).
+LARDER_EXPORT Result<MemoryKind> ParseMemoryKind(std::string_view name);
 
 // The page size of segment memory. kOff: normal pages. k2M, k1G: hugetlb pages of that size, or
 // fail with ResourceExhausted (saying how many are needed and free) when the pool lacks them.

@@ -168,6 +168,11 @@ struct LARDER_EXPORT SegmentDescriptor {
     return it == transports.end() ? nullptr : &it->second;
   }
 
+  // OK when what it says is within the bounds above: at most kMaxTransports blobs of at most
+  // kMaxBlobBytes, transport names of 1 to RouteKind::kMaxNameBytes bytes, a page size that is a
+  // power of two of at least 4 KiB. Both encodings (JSON here, the master's proto) check it.
+  Status Validate() const;
+
   std::string ToJson() const;
   static Result<SegmentDescriptor> FromJson(std::string_view json);
 };

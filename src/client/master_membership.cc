@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "common/logging.h"
+#include "common/segment_descriptor_proto.h"
 
 namespace larder::client {
 
@@ -141,7 +142,7 @@ Status MasterMembership::MountLocked(uint32_t take_over_pid, proto::MountSegment
     segment->set_name(options_.segment_name);
     segment->set_base(reinterpret_cast<uintptr_t>(options_.segment_memory->data()));
     segment->set_size(options_.segment_memory->size());
-    segment->set_descriptor_json(options_.descriptor_json);
+    ToProto(options_.descriptor, segment->mutable_segment_descriptor());
     segment->set_verifies_catalog(catalog_.verifies());
     if (catalog_.incarnation() != 0) {
       if (const size_t stale = catalog_.Fill(segment); stale > 0) {

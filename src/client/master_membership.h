@@ -28,7 +28,7 @@ struct MasterMembershipOptions {
   // The segment this client contributes; null when it contributes none.
   std::shared_ptr<MemoryRegion> segment_memory;
   std::string segment_name;
-  std::string descriptor_json;
+  SegmentDescriptor descriptor;  // the engine's, of that segment
   // Longest time between heartbeats; shortened to a third of the master's client TTL.
   std::chrono::milliseconds heartbeat_interval{1000};
   // How long Start waits for a master to answer before it fails.

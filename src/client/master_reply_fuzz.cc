@@ -12,6 +12,7 @@
 
 #include "client/master_client.h"
 #include "client/store_pieces.h"
+#include "common/segment_descriptor_proto.h"
 #include "master.pb.h"
 #include "testing/fuzz_check.h"
 
@@ -42,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<Status> statuses = client::ItemStatuses(count, replicas.errors());
   larder::test::FuzzCheck(statuses.size() == count);
   for (const proto::SegmentInfo& info : segments.segments()) {
-    (void)SegmentDescriptor::FromJson(info.descriptor_json());
+    (void)FromProto(info.segment_descriptor());
   }
   if (!client::CheckReplicaColumns(replicas, count).ok()) return 0;
   std::vector<Result<ObjectInfo>> infos = client::ObjectInfos(replicas, segments);

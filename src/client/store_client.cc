@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/memory.h"
 #include "common/mutex.h"
+#include "common/segment_descriptor_proto.h"
 
 namespace larder {
 
@@ -83,7 +84,7 @@ class StoreClientImpl final : public StoreClient {
       LARDER_ASSIGN_OR_RETURN(local_segment_,
                               engine_->RegisterSegment(segment_name_, segment_memory_));
       for (const SegmentDescriptor& descriptor : engine_->ListSegments()) {
-        if (descriptor.segment_id == local_segment_) descriptor_json_ = descriptor.ToJson();
+        if (descriptor.segment_id == local_segment_) descriptor_ = descriptor;
       }
     }
     client::MasterMembershipOptions membership;
@@ -91,7 +92,7 @@ class StoreClientImpl final : public StoreClient {
     membership.host_id = engine_->host_id();
     membership.segment_memory = segment_memory_;
     membership.segment_name = segment_name_;
-    membership.descriptor_json = descriptor_json_;
+    membership.descriptor = descriptor_;
     membership.heartbeat_interval = options_.heartbeat_interval;
     membership.connect_timeout = options_.master_connect_timeout;
     membership.add_traffic = [this](proto::HeartbeatRequest* request) {
@@ -580,10 +581,10 @@ class StoreClientImpl final : public StoreClient {
       return;
     }
     for (const proto::SegmentInfo& info : reply.segments()) {
-      auto descriptor = SegmentDescriptor::FromJson(info.descriptor_json());
+      auto descriptor = FromProto(info.segment_descriptor());
       if (!descriptor.ok()) {
         // Its replicas stay unreachable from here: their reads and writes say so per key.
-        Log().warn("segment '{}' (id {}): the master's descriptor does not parse: {}", info.name(),
+        Log().warn("segment '{}' (id {}): the master's descriptor is not valid: {}", info.name(),
                    info.segment_id(), descriptor.status().ToString());
         if (failed != nullptr) failed->push_back(descriptor.status());
         continue;
@@ -901,7 +902,7 @@ class StoreClientImpl final : public StoreClient {
   std::shared_ptr<MemoryRegion> segment_memory_;
   SegmentId local_segment_ = 0;
   std::string segment_name_;
-  std::string descriptor_json_;
+  SegmentDescriptor descriptor_;  // of segment_memory_, as mounted
 
   std::unique_ptr<client::MasterMembership> membership_;
 

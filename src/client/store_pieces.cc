@@ -44,8 +44,7 @@ std::vector<Result<ObjectInfo>> ObjectInfos(const proto::BatchGetReplicasReply& 
   std::unordered_map<uint64_t, std::string> endpoint_of;
   for (const proto::SegmentInfo& info : segments.segments()) {
     by_id[info.segment_id()] = &info;
-    auto descriptor = SegmentDescriptor::FromJson(info.descriptor_json());
-    if (descriptor.ok()) endpoint_of[info.segment_id()] = descriptor->address;
+    endpoint_of[info.segment_id()] = info.segment_descriptor().address();
   }
   std::vector<Status> statuses = ItemStatuses(n, reply.errors());
   int first = 0;

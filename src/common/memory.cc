@@ -31,6 +31,13 @@ std::string_view MemoryKindName(MemoryKind kind) {
   return "anonymous";
 }
 
+Result<MemoryKind> ParseMemoryKind(std::string_view name) {
+  for (MemoryKind kind : {MemoryKind::kAnonymous, MemoryKind::kMemfd, MemoryKind::kDevice}) {
+    if (name == MemoryKindName(kind)) return kind;
+  }
+  return InvalidArgumentError("unknown memory_kind '" + std::string(name.substr(0, 64)) + "'");
+}
+
 MemoryRegion::MemoryRegion(void* base, size_t size, MemoryKind kind, int fd, size_t page_size)
     : base_(base), size_(size), kind_(kind), fd_(fd), page_size_(page_size) {}
 

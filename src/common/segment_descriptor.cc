@@ -40,6 +40,27 @@ Result<std::string> DecodeBlob(const std::string& text) {
 
 }  // namespace
 
+Status SegmentDescriptor::Validate() const {
+  if (transports.size() > kMaxTransports) {
+    return InvalidArgumentError("segment descriptor names " + std::to_string(transports.size()) +
+                                " transports (at most " + std::to_string(kMaxTransports) + ")");
+  }
+  for (const auto& [transport, blob] : transports) {
+    if (transport.empty() || transport.size() > RouteKind::kMaxNameBytes) {
+      return InvalidArgumentError("segment descriptor has a malformed transport entry");
+    }
+    if (blob.size() > kMaxBlobBytes) {
+      return InvalidArgumentError("segment descriptor's " + transport + " blob exceeds " +
+                                  std::to_string(kMaxBlobBytes) + " bytes");
+    }
+  }
+  if (page_size < 4096 || (page_size & (page_size - 1)) != 0) {
+    return InvalidArgumentError("segment descriptor has page_size " + std::to_string(page_size) +
+                                ", not a power of two >= 4096");
+  }
+  return Status::Ok();
+}
+
 std::string SegmentDescriptor::ToJson() const {
   nlohmann::json blobs = nlohmann::json::object();
   for (const auto& [transport, blob] : transports) blobs[transport] = EncodeBlob(blob);
@@ -89,12 +110,13 @@ Result<SegmentDescriptor> SegmentDescriptor::FromJson(std::string_view json) {
   if (blobs == j.end() || !blobs->is_object()) {
     return InvalidArgumentError("segment descriptor lacks object 'transports'");
   }
+  // Bounded before any blob is decoded; Validate checks the decoded ones.
   if (blobs->size() > kMaxTransports) {
     return InvalidArgumentError("segment descriptor names " + std::to_string(blobs->size()) +
                                 " transports (at most " + std::to_string(kMaxTransports) + ")");
   }
   for (auto it = blobs->begin(); it != blobs->end(); ++it) {
-    if (!it.value().is_string() || it.key().empty() || it.key().size() > RouteKind::kMaxNameBytes) {
+    if (!it.value().is_string()) {
       return InvalidArgumentError("segment descriptor has a malformed transport entry");
     }
     const std::string& text = it.value().get_ref<const std::string&>();
@@ -107,24 +129,11 @@ Result<SegmentDescriptor> SegmentDescriptor::FromJson(std::string_view json) {
     d.transports.emplace(it.key(), std::move(blob).value());
   }
   // Descriptors from engines that predate page sizes describe normal pages.
-  if (j.contains("page_size")) {
-    LARDER_RETURN_IF_ERROR(get_u64("page_size", &d.page_size));
-    if (d.page_size < 4096 || (d.page_size & (d.page_size - 1)) != 0) {
-      return InvalidArgumentError("segment descriptor has page_size " +
-                                  std::to_string(d.page_size) + ", not a power of two >= 4096");
-    }
-  }
+  if (j.contains("page_size")) LARDER_RETURN_IF_ERROR(get_u64("page_size", &d.page_size));
   std::string kind;
   LARDER_RETURN_IF_ERROR(get_str("memory_kind", &kind));
-  if (kind == "memfd") {
-    d.memory_kind = MemoryKind::kMemfd;
-  } else if (kind == "anonymous") {
-    d.memory_kind = MemoryKind::kAnonymous;
-  } else if (kind == "device") {
-    d.memory_kind = MemoryKind::kDevice;
-  } else {
-    return InvalidArgumentError("unknown memory_kind '" + kind + "' in segment descriptor");
-  }
+  LARDER_ASSIGN_OR_RETURN(d.memory_kind, ParseMemoryKind(kind));
+  LARDER_RETURN_IF_ERROR(d.Validate());
   return d;
 }
 

@@ -63,10 +63,16 @@ std::unique_ptr<Stub> RawStub(const MasterServer& server) {
       grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
 }
 
+proto::SegmentDescriptor Proto(const SegmentDescriptor& descriptor) {
+  proto::SegmentDescriptor out;
+  ToProto(descriptor, &out);
+  return out;
+}
+
 // Mounts segment `name` of `size` bytes at `base` for `client` on "host" with `descriptor`: the
 // call's error, else the segment's own status.
 Status Mount(const MasterClient& rpc, const std::string& client, const std::string& name,
-             uint64_t base, uint64_t size, const std::string& descriptor) {
+             uint64_t base, uint64_t size, const proto::SegmentDescriptor& descriptor) {
   proto::MountSegmentsRequest request;
   proto::MountSegmentsReply reply;
   request.set_client_id(client);
@@ -75,7 +81,7 @@ Status Mount(const MasterClient& rpc, const std::string& client, const std::stri
   info->set_name(name);
   info->set_base(base);
   info->set_size(size);
-  info->set_descriptor_json(descriptor);
+  *info->mutable_segment_descriptor() = descriptor;
   Status status = rpc.Call("MountSegments", &Stub::MountSegments, request, &reply);
   if (!status.ok()) return status;
   EXPECT_EQ(reply.status_size(), 1);
@@ -87,7 +93,7 @@ Status Mount(const MasterClient& rpc, const std::string& client, const std::stri
 void MountAndPut(const MasterClient& rpc, const std::string& client, const std::string& segment,
                  const std::vector<std::string>& keys) {
   Status mounted = Mount(rpc, client, segment, 0x100000, 64 << 20,
-                         OwnDescriptor(client, "host", segment, 64 << 20));
+                         Proto(OwnDescriptor(client, "host", segment, 64 << 20)));
   ASSERT_TRUE(mounted.ok()) << mounted;
   proto::BatchPutStartRequest start;
   proto::BatchPutStartReply started;
@@ -147,7 +153,7 @@ TEST(MasterAuthTest, CallsWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
     proto::SegmentInfo* info = request.add_segments();
     info->set_name("rogue-seg");
     info->set_size(1ULL << 50);
-    info->set_descriptor_json(R"({"address":"10.9.9.9:1"})");
+    info->mutable_segment_descriptor()->set_address("10.9.9.9:1");
     expect_unauthenticated(stub->MountSegments(&context, request, &reply), "MountSegments");
   }
   {
@@ -321,32 +327,44 @@ TEST(MasterAuthTest, AClientMountsOnlyItsOwnSegments) {
   ASSERT_TRUE(rogue.Call("ListSegments", &Stub::ListSegments, list, &listed).ok());
   ASSERT_EQ(listed.segments_size(), 1);
   const proto::SegmentInfo& stolen = listed.segments(0);
-  auto mount = [&](const std::string& name, uint64_t size, const std::string& descriptor) {
+  auto mount = [&](const std::string& name, uint64_t size,
+                   const proto::SegmentDescriptor& descriptor) {
     return Mount(rogue, "rogue", name, 0x100000, size, descriptor);
   };
   // The victim's descriptor, under a new name and under its own.
-  Status status = mount("alias", stolen.size(), stolen.descriptor_json());
+  Status status = mount("alias", stolen.size(), stolen.segment_descriptor());
   EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
   EXPECT_NE(status.message().find("a client mounts only its own segments"), std::string::npos)
       << status;
-  status = mount("victim-seg", stolen.size(), stolen.descriptor_json());
+  status = mount("victim-seg", stolen.size(), stolen.segment_descriptor());
   EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
   // Not a descriptor at all, or one of another segment, size or host.
-  for (const std::string junk : {"not json", "{}", "[]", ""}) {
-    status = mount("junk", 1 << 20, junk);
-    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << junk << ": " << status;
+  std::vector<proto::SegmentDescriptor> junk(
+      6, Proto(OwnDescriptor("rogue", "host", "junk", 1 << 20)));
+  junk[0].Clear();  // says nothing (not even a memory kind)
+  junk[1].set_memory_kind("bogus");
+  junk[2].set_page_size(3000);
+  for (int i = 0; i <= static_cast<int>(SegmentDescriptor::kMaxTransports); ++i) {
+    (*junk[3].mutable_transports())["t" + std::to_string(i)] = "x";
   }
-  status = mount("mine", 1ull << 45, OwnDescriptor("rogue", "host", "mine", 1 << 20));
+  (*junk[4].mutable_transports())[""] = "x";
+  (*junk[5].mutable_transports())["tcp"] = std::string(SegmentDescriptor::kMaxBlobBytes + 1, 'x');
+  for (const proto::SegmentDescriptor& descriptor : junk) {
+    status = mount("junk", 1 << 20, descriptor);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument)
+        << descriptor.ShortDebugString().substr(0, 200) << ": " << status;
+  }
+  status = mount("mine", 1ull << 45, Proto(OwnDescriptor("rogue", "host", "mine", 1 << 20)));
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
-  status = mount("mine", 1 << 20, OwnDescriptor("rogue", "host", "other", 1 << 20));
+  status = mount("mine", 1 << 20, Proto(OwnDescriptor("rogue", "host", "other", 1 << 20)));
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
-  status = mount("mine", 1 << 20, OwnDescriptor("rogue", "elsewhere", "mine", 1 << 20));
+  status = mount("mine", 1 << 20, Proto(OwnDescriptor("rogue", "elsewhere", "mine", 1 << 20)));
   EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status;
   EXPECT_EQ(server->state().Stats().segments, 1u);
   // Puts go to the victim's segment only; its objects are all there.
   EXPECT_EQ(server->state().Stats().objects, 10u);
   // Its own descriptor mounts.
-  status = mount("mine", 1 << 20, OwnDescriptor("rogue", "host", "mine", 1 << 20));
+  status = mount("mine", 1 << 20, Proto(OwnDescriptor("rogue", "host", "mine", 1 << 20)));
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(server->state().Stats().segments, 2u);
 }
@@ -365,12 +383,12 @@ TEST(MasterAuthTest, AMountsPageSizeAndAddressComeFromItsDescriptor) {
   descriptor.size = 4 << 20;
   descriptor.page_size = 2 << 20;
   Status mounted =
-      Mount(client, "client", descriptor.name, 0x200000, descriptor.size, descriptor.ToJson());
+      Mount(client, "client", descriptor.name, 0x200000, descriptor.size, Proto(descriptor));
   ASSERT_TRUE(mounted.ok()) << mounted;
   std::vector<SegmentView> segments = server->state().ListSegments({});
   ASSERT_EQ(segments.size(), 1u);
-  EXPECT_EQ(segments[0].page_size, uint64_t{2} << 20);
-  EXPECT_EQ(segments[0].address, "10.1.2.3:4567");
+  EXPECT_EQ(segments[0].descriptor.page_size, uint64_t{2} << 20);
+  EXPECT_EQ(segments[0].descriptor.address, "10.1.2.3:4567");
 }
 
 TEST(MasterAuthTest, RemoveAllNeedsTheAdminToken) {
@@ -944,7 +962,7 @@ TEST_F(MasterEdgeTest, SegmentSizesCannotWrapTheCapacity) {
     info->set_name("giant-" + std::to_string(i));
     info->set_base(static_cast<uint64_t>(i) << 63);
     info->set_size(1ULL << 63);
-    info->set_descriptor_json(OwnDescriptor("c2", "", info->name(), info->size()));
+    SetOwnDescriptor(info, "c2", "", info->name(), info->size());
   }
   ASSERT_TRUE(rpc_->Call("MountSegments", &Stub::MountSegments, mount, &mounted).ok());
   ASSERT_EQ(mounted.status_size(), 2);
@@ -968,7 +986,7 @@ TEST_F(MasterEdgeTest, SegmentSizesCannotWrapTheCapacity) {
   proto::SegmentInfo* info = fat.add_segments();
   info->set_name("fat");
   info->set_size(1 << 20);
-  info->set_descriptor_json(std::string(100 * 1024, ' '));
+  (*info->mutable_segment_descriptor()->mutable_transports())["tcp"] = std::string(100 * 1024, ' ');
   ASSERT_TRUE(rpc_->Call("MountSegments", &Stub::MountSegments, fat, &mounted).ok());
   EXPECT_EQ(mounted.status(0).code(), static_cast<int>(StatusCode::kInvalidArgument));
   EXPECT_EQ(server_->state().Stats().segments, 1u);

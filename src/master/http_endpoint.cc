@@ -288,7 +288,7 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
                                 {"size", segment.size},
                                 {"used", segment.used},
                                 {"objects", segment.objects},
-                                {"page_size", segment.page_size},
+                                {"page_size", segment.descriptor.page_size},
                                 {"draining", segment.draining},
                                 {"routes_to_owner", RoutesJson(by_peer, segment.client_id)}});
                }
@@ -433,7 +433,7 @@ void InstallHttpRoutes(httplib::Server& server, MasterState& state, HttpAuth aut
                      {"client_id", segment.client_id},
                      {"host_id", segment.host_id},
                      {"size", segment.size},
-                     {"page_size", segment.page_size},
+                     {"page_size", segment.descriptor.page_size},
                      {"used", segment.used},
                      {"objects", segment.objects}});
     }

@@ -47,7 +47,7 @@ TEST(MasterServerTest, HttpEndpointServesMetricsHealthSegmentsAndKeys) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  ASSERT_TRUE(MountOne(state, "c", "h", {"seg-a", 0x10000, 1 << 20, "{}"}).ok());
+  ASSERT_TRUE(MountOne(state, "c", "h", {"seg-a", 0x10000, 1 << 20, {}}).ok());
   for (std::string_view key : {"page/1", "page/2", "other"}) {
     PutStartItem item{key, 4096};
     ASSERT_TRUE(state.BatchPutStart("c", std::span(&item, 1), {}).ok());
@@ -92,8 +92,8 @@ TEST(MasterServerTest, ClientTrafficFromHeartbeatsIsInTheMetrics) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount huge{"huge-seg", 0x10000, 1 << 20, R"({"page_size":2097152})"};
-  huge.page_size = 2097152;  // as the service reads it from the descriptor
+  SegmentMount huge{"huge-seg", 0x10000, 1 << 20, {}};
+  huge.descriptor.page_size = 2097152;
   ASSERT_TRUE(MountOne(state, "prefill-a", "host-a", huge).ok());
   ClientTraffic traffic;
   traffic.routes.push_back({"prefill-b", "shm", 10, 40960, 0});
@@ -162,7 +162,7 @@ TEST(MasterServerTest, DefaultMetricsKeepTheirSeriesWhenClientsRestart) {
   std::vector<std::set<std::string>> seen;
   for (int pid : {100, 101}) {
     const std::string id = "host-a/" + std::to_string(pid) + "/key" + std::to_string(pid);
-    ASSERT_TRUE(MountOne(state, id, "host-a", {"seg-a", 0x10000, 1 << 20, "{}"}).ok());
+    ASSERT_TRUE(MountOne(state, id, "host-a", {"seg-a", 0x10000, 1 << 20, {}}).ok());
     for (uint64_t bytes : {1000, 5096}) {
       ClientTraffic traffic;
       traffic.routes.push_back({"host-a/200/other", "tcp", 1, bytes, 0});
@@ -195,9 +195,9 @@ TEST(MasterServerTest, MooncakeRoutesListSegmentsAndKeysAndQueryReplicas) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount with_endpoint{"seg-a", 0x10000, 1 << 20, R"({"address":"10.0.0.1:7000"})"};
-  with_endpoint.address = "10.0.0.1:7000";  // as the service reads it from the descriptor
-  SegmentMount without{"seg-b", 0x900000, 1 << 20, "{}"};
+  SegmentMount with_endpoint{"seg-a", 0x10000, 1 << 20, {}};
+  with_endpoint.descriptor.address = "10.0.0.1:7000";
+  SegmentMount without{"seg-b", 0x900000, 1 << 20, {}};
   ASSERT_TRUE(state.MountSegments("c", "h", std::span(&with_endpoint, 1))[0].ok());
   ASSERT_TRUE(state.MountSegments("d", "h2", std::span(&without, 1))[0].ok());
   PutOptions two;
@@ -305,7 +305,7 @@ TEST(MasterServerTest, SoftPinnedObjectsAreInTheMetrics) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  ASSERT_TRUE(MountOne(state, "c", "h", {"seg-a", 0x10000, 1 << 20, "{}"}).ok());
+  ASSERT_TRUE(MountOne(state, "c", "h", {"seg-a", 0x10000, 1 << 20, {}}).ok());
   PutOptions soft;
   soft.soft_pin_action = SoftPinAction::kEnable;
   for (std::string_view key : {"a", "b"}) {
@@ -330,10 +330,10 @@ TEST(MasterServerTest, ApiRoutesDescribeTheClusterAndItsRecentHistory) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount huge{"seg-a", 0x10000, 1 << 20, R"({"page_size":2097152})"};
-  huge.page_size = 2097152;  // as the service reads it from the descriptor
+  SegmentMount huge{"seg-a", 0x10000, 1 << 20, {}};
+  huge.descriptor.page_size = 2097152;
   ASSERT_TRUE(MountOne(state, "owner", "host-a", huge).ok());
-  SegmentMount other{"seg-b", 0x10000, 1 << 20, "{}"};
+  SegmentMount other{"seg-b", 0x10000, 1 << 20, {}};
   ASSERT_TRUE(state.MountSegments("reader", "host-b", std::span(&other, 1))[0].ok());
   for (std::string_view key : {"k1", "k2"}) {
     PutStartItem item{key, 4096};

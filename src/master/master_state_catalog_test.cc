@@ -148,7 +148,7 @@ class CatalogTest : public MasterStateTest {
   MountOutcome MountCatalog(MasterState& state, const std::string& client, const std::string& name,
                             uint64_t size, std::vector<CatalogEntry> catalog,
                             uint64_t incarnation = 1, uint64_t base = 0x100000) {
-    SegmentMount mount{name, base, size, "{}"};
+    SegmentMount mount{name, base, size, {}};
     mount.catalog = std::move(catalog);
     mount.catalog_incarnation = incarnation;
     std::vector<MountOutcome> outcomes =
@@ -332,7 +332,7 @@ TEST_F(CatalogTest, ARemovedRangeIsReusedOnlyOnceItsOwnerAppliedTheRemove) {
 // hold anything else by the time it reports: once that ADD is acknowledged, a removed object's
 // range is free at once. An object removed before its owner applied its ADD is held as before.
 TEST_F(CatalogTest, AVerifyingOwnersRangesAreFreeOnceItAppliedTheAdd) {
-  SegmentMount mount{"seg-a", 0x100000, 4096, "{}"};
+  SegmentMount mount{"seg-a", 0x100000, 4096, {}};
   mount.verifies_catalog = true;
   auto mounted = state_.MountSegments("a", "host-a", std::span(&mount, 1));
   ASSERT_TRUE(mounted[0].ok()) << mounted[0].status();
@@ -744,7 +744,7 @@ TEST_F(CatalogTest, TheSameObjectFromTwoCatalogsHasTwoReplicas) {
 // added beside it (same size) nor allowed to drop it (another size).
 TEST_F(CatalogTest, AClaimIsNeverAddedBesideBytesPutToThisMaster) {
   std::unique_ptr<MasterState> next = Restarted();
-  SegmentMount mount{"seg-w", 0x900000, 1 << 20, "{}"};
+  SegmentMount mount{"seg-w", 0x900000, 1 << 20, {}};
   ASSERT_TRUE(next->MountSegments("w", "host-w", std::span(&mount, 1))[0].ok());
   PutOptions on_w;
   on_w.preferred_segments = {"seg-w"};
@@ -809,7 +809,7 @@ TEST_F(CatalogTest, LeasedObjectsAreNotExtended) {
 
 TEST_F(CatalogTest, AKeyBeingWrittenWins) {
   std::unique_ptr<MasterState> next = Restarted();
-  SegmentMount mount{"seg-w", 0x900000, 1 << 20, "{}"};
+  SegmentMount mount{"seg-w", 0x900000, 1 << 20, {}};
   ASSERT_TRUE(next->MountSegments("w", "host-w", std::span(&mount, 1))[0].ok());
   PutStartItem item{"k", 300};
   PutOptions on_w;
@@ -929,7 +929,7 @@ TEST_F(CatalogTest, GetsOfAbsentKeysAskForARetryWhileRebuilding) {
       << missing.status;
   // A mount without a catalog opens none.
   std::unique_ptr<MasterState> plain = Restarted();
-  SegmentMount mount{"seg-p", 0, 1 << 20, "{}"};
+  SegmentMount mount{"seg-p", 0, 1 << 20, {}};
   ASSERT_TRUE(plain->MountSegments("p", "host-p", std::span(&mount, 1))[0].ok());
   EXPECT_EQ(GetFrom(*plain, "p", "nowhere").status.code(), StatusCode::kNotFound);
 }

@@ -18,7 +18,7 @@ class TakeoverTest : public MasterStateTest {
   MountOutcome MountAs(const std::string& client, const std::string& host, uint32_t pid,
                        uint32_t take_over_pid = 0, const std::string& name = "seg",
                        std::vector<CatalogEntry> catalog = {}) {
-    SegmentMount mount{name, 0x100000, 1 << 20, "{}"};
+    SegmentMount mount{name, 0x100000, 1 << 20, {}};
     mount.catalog = std::move(catalog);
     mount.catalog_incarnation = 1;
     MountCaller caller{client, host, pid, take_over_pid};

@@ -91,9 +91,9 @@ TEST_F(MasterStateTest, BadInputGetsClearErrors) {
 TEST_F(MasterStateTest, MountRejectsZeroSizeOverlapAndDuplicateNames) {
   Mount("a", "seg-a", 1 << 20, 0x100000);
   std::vector<SegmentMount> bad = {
-      {"zero", 0x900000, 0, "{}"},
-      {"overlap", 0x180000, 1 << 20, "{}"},
-      {"seg-a", 0x900000, 1 << 20, "{}"},
+      {"zero", 0x900000, 0, {}},
+      {"overlap", 0x180000, 1 << 20, {}},
+      {"seg-a", 0x900000, 1 << 20, {}},
   };
   auto results = state_.MountSegments("a", "host-a", bad);
   EXPECT_EQ(results[0].status().code(), StatusCode::kInvalidArgument);
@@ -496,7 +496,7 @@ TEST_F(MasterStateTest, LeaseFromAnEarlierMasterIsUnknownToANewOne) {
   ASSERT_TRUE(Put("a", "k", 100).ok());
   uint64_t lease = Lease("a", "k");
   MasterState restarted(MakeOptions([](MasterOptions&) {}));
-  SegmentMount mount{"seg-a", 0x100000, 1 << 20, "{}"};
+  SegmentMount mount{"seg-a", 0x100000, 1 << 20, {}};
   ASSERT_TRUE(restarted.MountSegments("a", "host-a", std::span(&mount, 1))[0].ok());
   auto released = restarted.ReleaseLeases("a", std::span(&lease, 1));
   ASSERT_TRUE(released.ok());
@@ -669,7 +669,7 @@ TEST(MasterStateConcurrencyTest, ParallelClientsKeepRangesDisjoint) {
   MasterOptions options;
   options.shards = 4;
   MasterState state(options);
-  SegmentMount mount{"seg", 0, 256 * 4096, "{}"};
+  SegmentMount mount{"seg", 0, 256 * 4096, {}};
   ASSERT_TRUE(state.MountSegments("c", "h", std::span(&mount, 1))[0].ok());
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

@@ -35,7 +35,7 @@ class MasterStateTest : public ::testing::Test {
 
   PoolSegmentId Mount(const std::string& client, const std::string& name, uint64_t size,
                       uint64_t base = 0x100000, const std::string& host = "host-a") {
-    SegmentMount mount{name, base, size, "{}"};
+    SegmentMount mount{name, base, size, {}};
     auto results = state_.MountSegments(client, host, std::span(&mount, 1));
     EXPECT_TRUE(results[0].ok()) << results[0].status();
     return results[0].ok() ? *results[0] : 0;

@@ -241,7 +241,7 @@ std::string RenderMetrics(const MasterState& state) {
          "# TYPE larder_segment_page_bytes gauge\n";
   for (const SegmentView& segment : segments) {
     out << "larder_segment_page_bytes{segment=\"" << LabelValue(segment.name) << "\"} "
-        << segment.page_size << '\n';
+        << segment.descriptor.page_size << '\n';
   }
   RenderTrafficTotals(out, state);
   if (state.options().metrics_per_client) RenderTraffic(out, state);

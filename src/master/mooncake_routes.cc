@@ -40,7 +40,8 @@ std::unordered_map<PoolSegmentId, SegmentAddress> AddressesOf(
   for (const SegmentView& segment : state.ListSegments(ids)) {
     SegmentAddress& address = addresses[segment.segment_id];
     address.base = segment.base;
-    address.endpoint = segment.address.empty() ? segment.name : segment.address;
+    address.endpoint =
+        segment.descriptor.address.empty() ? segment.name : segment.descriptor.address;
   }
   return addresses;
 }

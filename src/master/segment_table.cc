@@ -21,11 +21,6 @@ Result<PoolSegmentId> SegmentTable::Mount(uint32_t client_slot, const std::strin
     return InvalidArgumentError("segment name " + QuoteKey(mount.name) + " is longer than " +
                                 std::to_string(kMaxNameBytes) + " bytes");
   }
-  if (mount.descriptor.size() > kMaxDescriptorBytes) {
-    return InvalidArgumentError("descriptor of segment " + QuoteKey(mount.name) + " has " +
-                                std::to_string(mount.descriptor.size()) + " bytes; at most " +
-                                std::to_string(kMaxDescriptorBytes));
-  }
   if (mount.size > kMaxSegmentBytes) {
     return InvalidArgumentError("segment " + QuoteKey(mount.name) + " has size " +
                                 std::to_string(mount.size) + ", above the maximum of " +
@@ -49,8 +44,6 @@ Result<PoolSegmentId> SegmentTable::Mount(uint32_t client_slot, const std::strin
   view.base = mount.base;
   view.size = mount.size;
   view.descriptor = mount.descriptor;
-  view.page_size = mount.page_size;
-  view.address = mount.address;
   auto segment = std::make_unique<Segment>(std::move(view), client_slot, alignment_);
   std::vector<std::optional<OffsetAllocator::Allocation>> reserved;
   reserved.reserve(prepare.reserve.size());

@@ -7,6 +7,7 @@
 #include "common/error_detail_wire.h"
 #include "common/logging.h"
 #include "common/proto_mac.h"
+#include "common/segment_descriptor_proto.h"
 #include "larder/transfer_engine.h"
 
 namespace larder::master {
@@ -51,15 +52,12 @@ void FillSegment(const SegmentView& view, proto::SegmentInfo* out) {
   out->set_size(view.size);
   out->set_used(view.used);
   out->set_objects(view.objects);
-  out->set_descriptor_json(view.descriptor);
+  ToProto(view.descriptor, out->mutable_segment_descriptor());
 }
 
-// A mount as the state takes it, with what `descriptor` (its parsed descriptor_json) says; the
-// catalog's keys are copied.
-SegmentMount ToMount(const proto::SegmentInfo& segment, const SegmentDescriptor& descriptor) {
-  SegmentMount mount{segment.name(), segment.base(), segment.size(), segment.descriptor_json()};
-  mount.page_size = descriptor.page_size;
-  mount.address = descriptor.address;
+// A mount as the state takes it, with its checked descriptor; the catalog's keys are copied.
+SegmentMount ToMount(const proto::SegmentInfo& segment, SegmentDescriptor descriptor) {
+  SegmentMount mount{segment.name(), segment.base(), segment.size(), std::move(descriptor)};
   mount.catalog.reserve(static_cast<size_t>(segment.catalog_size()));
   for (const proto::CatalogEntry& entry : segment.catalog()) {
     mount.catalog.push_back(CatalogEntry{entry.key(), entry.offset(), entry.size(), entry.pinned(),
@@ -76,11 +74,8 @@ SegmentMount ToMount(const proto::SegmentInfo& segment, const SegmentDescriptor&
 // client's memory over its objects. Returns the mount of a segment that is the client's own.
 Result<SegmentMount> OwnMount(const proto::MountSegmentsRequest& request,
                               const proto::SegmentInfo& segment) {
-  const std::string& json = segment.descriptor_json();
-  // SegmentTable::Mount refuses an oversize descriptor, saying so, before reading it.
-  if (json.size() > kMaxDescriptorBytes) return ToMount(segment, SegmentDescriptor{});
   const std::string name = QuoteKey(segment.name());
-  auto descriptor = SegmentDescriptor::FromJson(json);
+  auto descriptor = FromProto(segment.segment_descriptor());
   if (!descriptor.ok()) {
     return InvalidArgumentError("descriptor of segment " + name +
                                 " is not a segment descriptor: " + descriptor.status().message());
@@ -105,7 +100,7 @@ Result<SegmentMount> OwnMount(const proto::MountSegmentsRequest& request,
                                 std::to_string(descriptor->size) + " bytes, the mount " +
                                 std::to_string(segment.size()));
   }
-  return ToMount(segment, *descriptor);
+  return ToMount(segment, std::move(descriptor).value());
 }
 
 void FillCatalogChanges(const SegmentCatalogChanges& changes, proto::SegmentCatalogChanges* out) {

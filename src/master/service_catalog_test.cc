@@ -33,7 +33,7 @@ class CatalogServiceTest : public ::testing::Test {
     segment->set_name("seg");
     segment->set_base(0x100000);
     segment->set_size(1 << 20);
-    segment->set_descriptor_json(OwnDescriptor(client, "host-1", "seg", 1 << 20));
+    SetOwnDescriptor(segment, client, "host-1", "seg", 1 << 20);
     segment->set_catalog_incarnation(12345);
     for (const auto& [key, offset] : catalog) {
       proto::CatalogEntry* entry = segment->add_catalog();

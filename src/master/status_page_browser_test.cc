@@ -118,10 +118,10 @@ TEST_F(StatusPageBrowserTest, PageRendersWhatTheJsonRoutesSay) {
   auto server = MasterServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   MasterState& state = (*server)->state();
-  SegmentMount mount{"seg-a", 0x10000, 64 << 20, R"({"page_size":2097152})"};
-  mount.page_size = 2097152;  // as the service reads it from the descriptor
+  SegmentMount mount{"seg-a", 0x10000, 64 << 20, {}};
+  mount.descriptor.page_size = 2097152;
   ASSERT_TRUE(state.MountSegments("prefill-0", "host-a", std::span(&mount, 1))[0].ok());
-  SegmentMount other{"seg-b", 0x10000, 32 << 20, "{}"};
+  SegmentMount other{"seg-b", 0x10000, 32 << 20, {}};
   ASSERT_TRUE(state.MountSegments("decode-0", "host-a", std::span(&other, 1))[0].ok());
   for (int i = 0; i < 5; ++i) {
     const std::string key = "page/" + std::to_string(i);

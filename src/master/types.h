@@ -18,6 +18,7 @@
 #include "common/limits.h"
 #include "larder/soft_pin.h"
 #include "larder/status.h"
+#include "larder/transfer_engine.h"
 
 namespace larder::master {
 
@@ -87,14 +88,12 @@ struct CatalogEntry {
 
 // A segment a client asks the master to place replicas in.
 struct SegmentMount {
-  std::string name;        // unique in the cluster
-  uint64_t base = 0;       // owner's address of byte 0; ranges of one client may not overlap
-  uint64_t size = 0;       // > 0
-  std::string descriptor;  // SegmentDescriptor JSON, handed to readers and writers as is
-  // What the descriptor says that the operator's routes and Mooncake's show, as the service parsed
-  // it when it checked that the segment is the client's own (service.cc, OwnMount).
-  uint64_t page_size = 4096;
-  std::string address = {};
+  std::string name;   // unique in the cluster
+  uint64_t base = 0;  // owner's address of byte 0; ranges of one client may not overlap
+  uint64_t size = 0;  // > 0
+  // The owner engine's descriptor, handed to readers and writers as is; checked by the service to
+  // be the mounting client's own (service.cc, OwnMount).
+  SegmentDescriptor descriptor = {};
   // The committed objects the owner holds in the segment, as it learnt them from the master
   // incarnation `catalog_incarnation` (0: unknown). A master rebuilds them from a catalog of
   // another incarnation; one of its own is ignored (see MasterState::MountSegments).
@@ -178,11 +177,8 @@ struct SegmentView {
   uint64_t size = 0;
   uint64_t used = 0;
   uint64_t objects = 0;
-  std::string descriptor;
-  // Of the descriptor (SegmentMount::page_size, address): its page size and its engine's address.
-  uint64_t page_size = 4096;
-  std::string address;
-  bool draining = false;  // an operator's drain: no put places a replica here
+  SegmentDescriptor descriptor;  // as mounted (SegmentMount::descriptor)
+  bool draining = false;         // an operator's drain: no put places a replica here
 };
 
 // An object as an operator's listing of one segment gives it.
@@ -294,8 +290,7 @@ inline constexpr size_t kMaxTransportGauges = 64;
 inline constexpr size_t kMaxGaugeNameBytes = 64;
 
 // Bounds on what one request may ask, checked before any work is done for it.
-inline constexpr size_t kMaxNameBytes = 256;  // client ids, host ids, segment names
-inline constexpr size_t kMaxDescriptorBytes = 64 * 1024;
+inline constexpr size_t kMaxNameBytes = 256;        // client ids, host ids, segment names
 inline constexpr size_t kMaxSegmentsPerMount = 64;  // also catalog acks of one SyncCatalog
 inline constexpr size_t kMaxPreferredSegments = 64;
 // Largest segment (64 TiB, the most a process's address space maps) and the largest pool.

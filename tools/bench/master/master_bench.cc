@@ -92,8 +92,7 @@ Result<Master> StartMaster(bool auth) {
   segment->set_name("unbacked");
   segment->set_base(1ull << 40);
   segment->set_size(1ull << 46);  // 64 TiB of address arithmetic
-  segment->set_descriptor_json(
-      master::OwnDescriptor(master.client_id, "bench", "unbacked", segment->size()));
+  master::SetOwnDescriptor(segment, master.client_id, "bench", "unbacked", segment->size());
   LARDER_RETURN_IF_ERROR(master.client->Call("MountSegments", &Stub::MountSegments, mount, &reply));
   LARDER_RETURN_IF_ERROR(client::FromItemStatus(reply.status(0)));
   return master;
@@ -168,8 +167,8 @@ int RunRebuildBench(const MasterBenchOptions& options) {
       {"bench", "master-rebuild"}, {"objects", n}, {"key_size", options.key_size}};
   const char* names[] = {"first", "second"};
   for (int round = 0; round < 2; ++round) {
-    master::SegmentMount mount{std::string("rebuilt-") + names[round], 1ull << 40, n * kObjectBytes,
-                               "{}"};
+    master::SegmentMount mount{
+        std::string("rebuilt-") + names[round], 1ull << 40, n * kObjectBytes, {}};
     mount.catalog = catalog_of(round == 0 ? 0 : n / 2);
     mount.catalog_incarnation = 1;  // another master's
     const std::string client = "rebuild-bench/" + std::to_string(round);
