@@ -22,12 +22,6 @@ void ToProto(const SegmentDescriptor& descriptor, proto::SegmentDescriptor* out)
 }
 
 Result<SegmentDescriptor> FromProto(const proto::SegmentDescriptor& descriptor) {
-  // Bounded before anything is copied; Validate checks the rest.
-  if (static_cast<size_t>(descriptor.transports_size()) > SegmentDescriptor::kMaxTransports) {
-    return InvalidArgumentError(
-        "segment descriptor names " + std::to_string(descriptor.transports_size()) +
-        " transports (at most " + std::to_string(SegmentDescriptor::kMaxTransports) + ")");
-  }
   SegmentDescriptor d;
   d.segment_id = descriptor.segment_id();
   d.name = descriptor.name();
@@ -40,6 +34,7 @@ Result<SegmentDescriptor> FromProto(const proto::SegmentDescriptor& descriptor) 
   if (descriptor.page_size() != 0) d.page_size = descriptor.page_size();
   for (const auto& [transport, blob] : descriptor.transports())
     d.transports.emplace(transport, blob);
+  // The message is in memory already (gRPC bounds its size): checked once copied.
   LARDER_RETURN_IF_ERROR(d.Validate());
   return d;
 }
