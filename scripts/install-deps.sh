@@ -24,6 +24,7 @@ packages=(
   libcpp-httplib-dev
   libre2-dev
   libxxhash-dev
+  liburing-dev
   zlib1g-dev
   libbrotli-dev
   gnuplot-nox

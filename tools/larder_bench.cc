@@ -4,6 +4,8 @@
 //   transfer  READ/WRITE bandwidth and latency of the transfer engine next to memcpy
 //   target    serve one segment for `transfer --target` (started automatically otherwise)
 //   registration  native registrations saved by registration coverage (emulated device)
+//   tier      the disk tier's store (demote, read back) against raw O_DIRECT/io_uring on one
+//             file system
 //   store     puts and gets through the store across client processes
 //   master    metadata-only load on the master: ops/s and bytes per object
 //   replay    a request trace through the store: prefix hit rate against exact LRU
@@ -34,6 +36,7 @@
 #include "bench/soak/soak_bench.h"
 #include "bench/store/store_bench.h"
 #include "bench/store/store_worker.h"
+#include "bench/tier/tier_bench.h"
 #include "bench/transfer/transfer_bench.h"
 #include "common/child_process.h"
 #include "common/env.h"
@@ -142,6 +145,36 @@ int main(int argc, char** argv) {
   bool registration_json = true;
   r->add_flag("--json", registration_json, "one JSON object (the default and only output)");
 
+  larder::bench::TierBenchOptions tier;
+  std::string tier_value_sizes = "64K,4M";
+  auto* ti = app.add_subcommand(
+      "tier", "the disk tier's store: demote and read back, next to raw O_DIRECT reads");
+  ti->footer(
+      "In a fresh subdirectory of --disk-path (removed at the end), per value size: DiskStore "
+      "writes of self-checking values until --bytes are written, reads of every key back (each "
+      "value verified), and one plain file of the same bytes written and read with io_uring and "
+      "O_DIRECT. Read figures are medians over --repeat passes. Exit status: 0, 3 when a value "
+      "read back was wrong, 1 when the bench could not run (e.g. too little free space).");
+  ti->add_option("--disk-path", tier.disk_path, "directory on the file system to measure")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  ti->add_option("--value-sizes", tier_value_sizes, "comma list of value sizes (64K, 4M)")
+      ->capture_default_str();
+  ti->add_option("--bytes", tier.bytes, "bytes of values written per value size")
+      ->transform(ByteSize())
+      ->default_str("1G");
+  ti->add_option("--batch", tier.batch, "values per Write/Read call, ops per raw DiskIo::Run")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{4096}))
+      ->capture_default_str();
+  ti->add_option("--queue-depth", tier.queue_depth, "I/Os in flight, the store's and raw")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
+  ti->add_option("--repeat", tier.repeat, "read passes of each kind per value size (medians)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100}))
+      ->capture_default_str();
+  bool tier_json = true;
+  ti->add_flag("--json", tier_json, "one JSON object (the default and only output)");
+
   larder::bench::StoreBenchOptions store;
   auto* s = app.add_subcommand("store",
                                "puts and gets through the store, each crossing a process boundary");
@@ -227,6 +260,14 @@ int main(int argc, char** argv) {
                 "sequential)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  p->add_option("--disk-path", replay.disk_path,
+                "the disk tier: each client holds a directory of its own under this one (removed "
+                "after the run); the figures add exact LRU at memory + disk and the disk hits")
+      ->check(CLI::ExistingDirectory);
+  p->add_option("--disk-capacity", replay.disk_capacity,
+                "disk tier bytes across all clients (with --disk-path)")
+      ->transform(ByteSize())
+      ->default_str("1G");
   p->add_flag("--json", replay.json, "one JSON object per run");
   p->add_option("--plot", replay.plot,
                 "also sweep capacities and draw hit rate vs capacity into this SVG file");
@@ -656,6 +697,33 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::cout << result->ToJson() << std::endl;
+    return 0;
+  }
+
+  if (ti->parsed()) {
+    tier.value_sizes.clear();
+    for (size_t start = 0; start <= tier_value_sizes.size();) {
+      size_t comma = tier_value_sizes.find(',', start);
+      auto size = larder::ParseByteSize(tier_value_sizes.substr(
+          start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (!size.ok()) {
+        std::cerr << "larder-bench tier: --value-sizes: " << size.status().message() << "\n";
+        return 2;
+      }
+      tier.value_sizes.push_back(*size);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    auto result = larder::bench::RunTierBench(tier);
+    if (!result.ok()) {
+      std::cerr << "larder-bench tier: " << result.status() << "\n";
+      return 1;
+    }
+    std::cout << result->ToJson() << std::endl;
+    if (uint64_t wrong = result->wrong_values(); wrong > 0) {
+      std::cerr << "larder-bench tier: " << wrong << " value(s) read back wrong\n";
+      return 3;
+    }
     return 0;
   }
 

@@ -212,6 +212,19 @@ int ShowStatus(const Global& global) {
   std::cout << "clients         " << s.value("clients", uint64_t{0}) << " ("
             << s.value("client_expiries", uint64_t{0}) << " expired since the start), segments "
             << s.value("segments", uint64_t{0}) << "\n";
+  if (const json& disk = s.value("disk", json::object()); disk.value("holders", 0) > 0) {
+    std::cout << "disk tier       " << disk.value("holders_online", uint64_t{0}) << " of "
+              << disk.value("holders", uint64_t{0}) << " holders online, "
+              << disk.value("copies", uint64_t{0}) << " copies ("
+              << Bytes(disk.value("copy_bytes", 0.0)) << "), disks "
+              << Bytes(disk.value("used_bytes", 0.0)) << " of "
+              << Bytes(disk.value("capacity_bytes", 0.0)) << "\n";
+    std::cout << "disk work       " << disk.value("demoted", uint64_t{0}) << " demoted ("
+              << disk.value("demote_failed", uint64_t{0}) << " failed, "
+              << disk.value("queue_full", uint64_t{0}) << " left to eviction), "
+              << disk.value("disk_hits", uint64_t{0}) << " disk hits, "
+              << disk.value("promotions", uint64_t{0}) << " promotions\n";
+  }
   return 0;
 }
 

@@ -87,6 +87,12 @@ int main(int argc, char** argv) {
                  "fraction of the capacity background eviction frees")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  app.add_option("--disk-demote-watermark", options.master.disk.demote_watermark,
+                 "the disk tier (docs/disk-tier.md): objects above this fraction of the pool, "
+                 "oldest first, are written to their host's disk ahead of eviction (0: every "
+                 "object, shortly after its put; 1: none)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--put-timeout", put_timeout, "a put not ended within this is revoked")
       ->check(Duration())
       ->capture_default_str();

@@ -76,10 +76,13 @@ enum class ErrorDetail : uint8_t {
   // Unauthenticated for a whole call: the master does not know the caller's session (it
   // restarted, or the session expired). Open a new session, then repeat the call.
   kUnknownSession = 6,
+  // Unavailable for one key: its only copy is on a disk holder, which is putting it back into
+  // memory for this reader. Repeat shortly.
+  kOnDisk = 7,
 };
 
 // "None", "RemountRequired", "LeaseExpired", "BeingWritten", "Leased", "Rebuilding",
-// "UnknownSession".
+// "UnknownSession", "OnDisk".
 LARDER_EXPORT std::string_view ErrorDetailName(ErrorDetail detail);
 
 class [[nodiscard]] LARDER_EXPORT Status {

@@ -100,6 +100,14 @@ struct LARDER_EXPORT StoreClientOptions {
   // A get releases its lease when its copy has ended. The release rides on the client's next
   // call to the master; if none comes within this delay, it is sent on its own.
   std::chrono::microseconds lease_release_delay{2000};
+  // The disk tier (docs/disk-tier.md): a directory makes this client its host's disk holder.
+  // Objects of this host that memory evicts are kept there and read back from there, by any
+  // client. One process per directory. Empty: no disk. LARDER_DISK_PATH; the other settings
+  // (watermarks, queue depth, region size, direct I/O) come from LARDER_DISK_*.
+  std::string disk_path;
+  // The most the disk tier may take: bytes ("200G") or a percentage of the file system ("40%").
+  // Empty: 50% of the file system. LARDER_DISK_CAPACITY.
+  std::string disk_capacity;
 
   // The defaults, overridden by the environment: LARDER_MASTER, LARDER_LOCAL_HOSTNAME,
   // LARDER_SEGMENT_NAME, LARDER_GLOBAL_SEGMENT_SIZE and LARDER_LOCAL_BUFFER_SIZE (sizes such as

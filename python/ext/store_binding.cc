@@ -451,7 +451,8 @@ StoreClientOptions MakeOptions(py::handle master, py::handle local_hostname,
                                py::handle replica_num, py::handle auth_token, py::handle host_id,
                                py::handle heartbeat_interval, py::handle rpc_timeout,
                                py::handle transfer_timeout, py::handle tenant_id,
-                               py::handle connect_timeout) {
+                               py::handle connect_timeout, py::handle disk_path,
+                               py::handle disk_capacity) {
   StoreClientOptions options = ValueOrThrow(StoreClientOptions::FromEnvironment());
   auto set_string = [](py::handle value, std::string* field) {
     if (!value.is_none()) *field = value.cast<std::string>();
@@ -463,6 +464,8 @@ StoreClientOptions MakeOptions(py::handle master, py::handle local_hostname,
   set_string(auth_token, &options.auth_token);
   set_string(host_id, &options.host_id);
   set_string(tenant_id, &options.tenant_id);
+  set_string(disk_path, &options.disk_path);
+  set_string(disk_capacity, &options.disk_capacity);
   if (!global_segment_size.is_none()) {
     options.global_segment_size = ToByteSize(global_segment_size, "global_segment_size");
   }
@@ -515,6 +518,11 @@ Args:
         LARDER_MASTER_CONNECT_TIMEOUT, else 30 s).
     tenant_id: key namespace (default LARDER_TENANT, else the default tenant): keys of other
         tenants are invisible, and remove_all / remove_by_regex stay inside the tenant.
+    disk_path: a directory that makes this process its host's disk holder (default
+        LARDER_DISK_PATH, else no disk): objects memory is about to lose are written there first
+        and read back on a get (docs/disk-tier.md). One process per directory.
+    disk_capacity: the most the disk tier takes, bytes ("500G") or a percentage of the file
+        system ("40%") (default LARDER_DISK_CAPACITY, else 50%).
 
 Raises:
     UnavailableError: no master answered within connect_timeout.
@@ -556,11 +564,12 @@ void BindStore(py::module_& module) {
                        py::object protocol, py::object replica_num, py::object auth_token,
                        py::object host_id, py::object heartbeat_interval, py::object rpc_timeout,
                        py::object transfer_timeout, py::object tenant_id,
-                       py::object connect_timeout) {
+                       py::object connect_timeout, py::object disk_path,
+                       py::object disk_capacity) {
              return std::make_unique<PyStore>(MakeOptions(
                  master, local_hostname, segment_name, global_segment_size, local_buffer_size,
                  protocol, replica_num, auth_token, host_id, heartbeat_interval, rpc_timeout,
-                 transfer_timeout, tenant_id, connect_timeout));
+                 transfer_timeout, tenant_id, connect_timeout, disk_path, disk_capacity));
            }),
            py::arg("master") = py::none(), py::kw_only(), py::arg("local_hostname") = py::none(),
            py::arg("segment_name") = py::none(), py::arg("global_segment_size") = py::none(),
@@ -568,7 +577,8 @@ void BindStore(py::module_& module) {
            py::arg("replica_num") = py::none(), py::arg("auth_token") = py::none(),
            py::arg("host_id") = py::none(), py::arg("heartbeat_interval") = py::none(),
            py::arg("rpc_timeout") = py::none(), py::arg("transfer_timeout") = py::none(),
-           py::arg("tenant_id") = py::none(), py::arg("connect_timeout") = py::none())
+           py::arg("tenant_id") = py::none(), py::arg("connect_timeout") = py::none(),
+           py::arg("disk_path") = py::none(), py::arg("disk_capacity") = py::none())
       .def_static(
           "attach",
           [](py::object socket, py::object staging_bytes, py::object timeout) {

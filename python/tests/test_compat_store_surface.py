@@ -333,13 +333,23 @@ def test_tenants_are_namespaces(mooncake_store, master):
             s.close()
 
 
-def test_setup_keywords(mooncake_store, master, caplog):
+def test_setup_keywords(mooncake_store, master, tmp_path):
     s = mooncake_store.MooncakeDistributedStore()
-    with caplog.at_level("WARNING", logger="larder.compat.mooncake"):
-        assert s.setup("127.0.0.1:0", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "",
-                       master.address, None, enable_ssd_offload=True,
-                       ssd_offload_path="/nonexistent", tenant_id="default") == 0
-    assert sum("offload is off" in r.message for r in caplog.records) == 1
+    disk = tmp_path / "ssd"
+    assert s.setup("127.0.0.1:0", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "",
+                   master.address, None, enable_ssd_offload=True,
+                   ssd_offload_path=str(disk), tenant_id="default") == 0
+    # enable_ssd_offload makes the store its host's disk holder on that directory: it holds the
+    # directory's lock, so a second store on it is refused.
+    assert (disk / "IDENTITY").is_file() and (disk / "LOCK").is_file()
+    second = mooncake_store.MooncakeDistributedStore()
+    assert second.setup("127.0.0.1:0", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "",
+                        master.address, None, enable_ssd_offload=True,
+                        ssd_offload_path=str(disk)) != 0
+    # enable_ssd_offload without a directory is a bad parameter
+    third = mooncake_store.MooncakeDistributedStore()
+    assert third.setup("127.0.0.1:0", "P2PHANDSHAKE", 16 * MB, 16 * MB, "tcp", "",
+                       master.address, None, enable_ssd_offload=True) == -600
     assert s.health_check() == 0
     s.close()
     # a port given in local_hostname is the port served

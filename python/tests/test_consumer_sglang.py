@@ -207,7 +207,8 @@ def test_group_ids(ranks, mc):
 
 def test_setup_variants(mc, sg_master, caplog, tmp_path):
     """The setup() shapes SGLang uses: 8 positional arguments with transfer_engine=None,
-    tenant_id, enable_ssd_offload (accepted with a warning: returns 0); an unknown keyword is a
+    tenant_id, enable_ssd_offload with ssd_offload_path (the disk tier on that directory); an
+    unknown keyword is a
     TypeError naming it, which SGLang's fallback drops before retrying."""
     sgl = cw.SGLangMooncakeStore(mc)
     assert sgl.setup("127.0.0.1", 16 * MB, "tcp", sg_master.address, None) == 0
@@ -235,7 +236,8 @@ def test_setup_variants(mc, sg_master, caplog, tmp_path):
     assert sgl.dropped_kwargs == []
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     said += [str(w.message) for w in caught]
-    assert any("offload" in text for text in said), said
+    assert not any("offload" in text for text in said), said
+    assert (tmp_path / "IDENTITY").is_file()  # the store holds the directory as its disk tier
     sgl.warmup()
     assert sgl.store.close() == 0
 

@@ -69,6 +69,7 @@ Status StoreClientImpl::Init() {
   membership_ = std::make_unique<MasterMembership>(&master_, std::move(membership));
   LARDER_RETURN_IF_ERROR(membership_->Start());
   releases_.Start();
+  LARDER_RETURN_IF_ERROR(StartDiskHolder());
   return Status::Ok();
 }
 

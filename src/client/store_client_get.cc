@@ -1,8 +1,9 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 // StoreClientImpl: the get path (BatchGetReplicas under a lease, reads from the best reachable
-// replica, one retry of the reads a lease outran).
+// replica, one retry of the reads a lease outran, waits for keys brought back from disk).
 
 #include <algorithm>
+#include <thread>
 
 #include "client/store_client_impl.h"
 #include "common/logging.h"
@@ -10,34 +11,56 @@
 namespace larder::client {
 
 std::vector<Status> StoreClientImpl::GetImpl(std::span<const std::string> keys,
-                                             const DestinationFn& destination) {
-  std::vector<Status> results = GetOnce(keys, destination);
+                                             const DestinationFn& destination,
+                                             const CallScope& scope) {
+  std::vector<Status> results = GetOnce(keys, destination, scope);
   // A lease can run out while a peer's segment is opened (mapped) for the first time; the
-  // segment is cached now, so one more try usually fits in a fresh lease.
-  std::vector<std::string> again;
-  std::vector<size_t> where;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (results[i].detail() == ErrorDetail::kLeaseExpired) {
-      again.push_back(keys[i]);
-      where.push_back(i);
+  // segment is cached now, so one more try usually fits in a fresh lease. A key whose only copy is
+  // on a disk is being put back into memory by its holder: asked again until it is there.
+  const auto deadline = SteadyClock::now() + options_.transfer_timeout;
+  auto wait = std::chrono::microseconds(500);
+  bool lease_retried = false;
+  for (;;) {
+    std::vector<std::string> again;
+    std::vector<size_t> where;
+    bool on_disk = false;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const ErrorDetail detail = results[i].detail();
+      if ((detail == ErrorDetail::kLeaseExpired && !lease_retried) ||
+          (detail == ErrorDetail::kOnDisk && SteadyClock::now() < deadline)) {
+        again.push_back(keys[i]);
+        where.push_back(i);
+        on_disk = on_disk || detail == ErrorDetail::kOnDisk;
+      }
     }
+    if (again.empty()) return results;
+    if (on_disk) {
+      // The holder reads the disk and puts the object back: a few milliseconds at least.
+      std::this_thread::sleep_for(std::min<std::chrono::microseconds>(
+          wait,
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - SteadyClock::now())));
+      wait = std::min<std::chrono::microseconds>(2 * wait, std::chrono::milliseconds(20));
+    }
+    lease_retried = true;
+    std::vector<Status> retried = GetOnce(
+        again,
+        [&](size_t j, uint64_t size, std::vector<Fragment>* out) {
+          return destination(where[j], size, out);
+        },
+        scope);
+    for (size_t j = 0; j < again.size(); ++j) results[where[j]] = retried[j];
   }
-  if (again.empty()) return results;
-  std::vector<Status> retried =
-      GetOnce(again, [&](size_t j, uint64_t size, std::vector<Fragment>* out) {
-        return destination(where[j], size, out);
-      });
-  for (size_t j = 0; j < again.size(); ++j) results[where[j]] = retried[j];
-  return results;
 }
 
 std::vector<Status> StoreClientImpl::GetOnce(std::span<const std::string> keys,
-                                             const DestinationFn& destination) {
+                                             const DestinationFn& destination,
+                                             const CallScope& scope) {
   const size_t n = keys.size();
   if (n == 0) return {};
   proto::BatchKeysRequest request;
   proto::BatchGetReplicasReply reply;
-  AddKeys(keys, request.mutable_keys());
+  AddKeys(keys, request.mutable_keys(), scope);
+  request.set_quiet(scope.quiet);
   SteadyClock::time_point asked = SteadyClock::now();
   Status status = Rpc("BatchGetReplicas", &Stub::BatchGetReplicas, &request, &reply);
   if (status.ok()) status = CheckReplicaColumns(reply, n);

@@ -4,15 +4,17 @@
 // the master's RPCs. Its calls live by concern: store_client.cc (start), store_client_buffers.cc
 // (the copying and zero-copy forms, registered buffers), store_client_metadata.cc (exist, sizes,
 // removal, object info, routes), store_client_segments.cc (opened peers' segments, lease
-// releases), store_client_put.cc and store_client_get.cc (the two data paths). Not part of the
-// public API.
+// releases), store_client_put.cc and store_client_get.cc (the two data paths), store_client_disk.cc
+// (the disk holder). Not part of the public API.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -21,9 +23,18 @@
 #include "client/master_membership.h"
 #include "client/store_pieces.h"
 #include "common/mutex.h"
+#include "disk/disk_io.h"
+#include "disk/disk_store.h"
 #include "larder/store_client.h"
 
 namespace larder::client {
+
+// How a store client's put or get names its keys, and what kind of call it is.
+struct CallScope {
+  bool master_keys = false;  // the keys are the master's already (a disk holder's calls)
+  bool promotion = false;    // a disk holder putting back an object from its disk
+  bool quiet = false;        // a disk holder's demotion read: no use of the objects
+};
 
 class StoreClientImpl final : public StoreClient {
  public:
@@ -33,6 +44,7 @@ class StoreClientImpl final : public StoreClient {
         master_(MasterOptionsFor(options_, *engine_)) {}
 
   ~StoreClientImpl() override {
+    StopDiskHolder();
     releases_.Stop();
     if (membership_) membership_->Stop();
   }
@@ -105,11 +117,15 @@ class StoreClientImpl final : public StoreClient {
 
   // The key the master knows `key` of this client's tenant by.
   std::string MasterKey(std::string_view key) const { return ScopedKey(options_.tenant_id, key); }
+  std::string MasterKey(std::string_view key, const CallScope& scope) const {
+    return scope.master_keys ? std::string(key) : MasterKey(key);
+  }
 
   template <typename Repeated>
-  void AddKeys(std::span<const std::string> keys, Repeated* out) const {
+  void AddKeys(std::span<const std::string> keys, Repeated* out,
+               const CallScope& scope = {}) const {
     out->Reserve(static_cast<int>(keys.size()));
-    for (const std::string& key : keys) out->Add(MasterKey(key));
+    for (const std::string& key : keys) out->Add(MasterKey(key, scope));
   }
 
   // Puts the keys whose every slice lies in a registered buffer; the others fail with
@@ -177,11 +193,40 @@ class StoreClientImpl final : public StoreClient {
   // Object i is the concatenation of pieces[i].
   std::vector<Status> PutImpl(std::span<const std::string> keys,
                               std::span<const std::span<const BufferSlice>> pieces,
-                              const PutConfig& config);
+                              const PutConfig& config, const CallScope& scope = {});
 
-  std::vector<Status> GetImpl(std::span<const std::string> keys, const DestinationFn& destination);
+  // Reads the keys' values where `destination` says. Repeats the reads a lease outran once, and
+  // the gets of keys a disk holder is bringing back (kOnDisk) until they are back or
+  // transfer_timeout passed.
+  std::vector<Status> GetImpl(std::span<const std::string> keys, const DestinationFn& destination,
+                              const CallScope& scope = {});
 
-  std::vector<Status> GetOnce(std::span<const std::string> keys, const DestinationFn& destination);
+  std::vector<Status> GetOnce(std::span<const std::string> keys, const DestinationFn& destination,
+                              const CallScope& scope);
+
+  // ---- the disk tier's holder (store_client_disk.cc) ----
+
+  // Opens the disk (options_.disk_path) and starts the thread that serves the master's work.
+  Status StartDiskHolder();
+  void StopDiskHolder();
+  void DiskLoop();
+  proto::DiskHolder DiskHolderInfo() const;
+  // Sends a report; the stored keys the master refused are dropped from the disk.
+  Status SendDiskReport(proto::DiskReportRequest* request);
+  void Announce();
+  // Promotions, handed over by DiskLoop.
+  void PromoteLoop();
+  void Demote(const std::vector<std::string>& keys);
+  struct DemoteBatch {
+    std::vector<std::string> keys;
+    std::vector<disk::AlignedBuffer> values;
+    std::vector<uint64_t> sizes;
+    std::vector<Status> got;
+  };
+  // Writes a batch read for demotion to disk and reports it (on a thread of its own while the
+  // next batch is read).
+  void StoreDemoted(const DemoteBatch& batch);
+  void Promote(const std::vector<std::string>& keys);
 
   const StoreClientOptions options_;
   std::unique_ptr<TransferEngine> engine_;
@@ -200,6 +245,14 @@ class StoreClientImpl final : public StoreClient {
 
   mutable SharedMutex buffers_mu_;
   std::map<uintptr_t, size_t> buffers_ LARDER_GUARDED_BY(buffers_mu_);
+
+  std::unique_ptr<disk::DiskStore> disk_;
+  std::thread disk_thread_;  // polls, drops and demotes
+  std::thread promote_thread_;
+  std::atomic<bool> disk_stopping_{false};
+  Mutex promote_mu_;
+  CondVar promote_wake_;
+  std::vector<std::string> promote_queue_ LARDER_GUARDED_BY(promote_mu_);
 
   // Declared last: destroyed first, while master_ can still send what is left.
   LeaseReleaser releases_{options_.lease_release_delay,

@@ -37,6 +37,8 @@ Result<StoreClientOptions> StoreClientOptions::FromEnvironment() {
   set_string("LARDER_TLS_KEY", &options.tls_key_file);
   set_string("LARDER_HOST_ID", &options.host_id);
   set_string("LARDER_TENANT", &options.tenant_id);
+  set_string("LARDER_DISK_PATH", &options.disk_path);
+  set_string("LARDER_DISK_CAPACITY", &options.disk_capacity);
   for (auto [name, field] : {std::pair{"LARDER_GLOBAL_SEGMENT_SIZE", &options.global_segment_size},
                              std::pair{"LARDER_LOCAL_BUFFER_SIZE", &options.local_buffer_size}}) {
     std::string value = GetEnv(name);

@@ -12,7 +12,7 @@ namespace larder::client {
 
 std::vector<Status> StoreClientImpl::PutImpl(std::span<const std::string> keys,
                                              std::span<const std::span<const BufferSlice>> pieces,
-                                             const PutConfig& config) {
+                                             const PutConfig& config, const CallScope& scope) {
   std::vector<Status> results(keys.size());
   if (keys.empty()) return results;
   if (keys.size() > kMaxBatchKeys)
@@ -26,7 +26,7 @@ std::vector<Status> StoreClientImpl::PutImpl(std::span<const std::string> keys,
   request.mutable_items()->Reserve(static_cast<int>(keys.size()));
   for (size_t i = 0; i < keys.size(); ++i) {
     proto::PutItem* item = request.add_items();
-    item->set_key(MasterKey(keys[i]));
+    item->set_key(MasterKey(keys[i], scope));
     item->set_size(sizes[i]);
   }
   request.set_replica_num(config.replica_num != 0 ? config.replica_num : options_.replica_num);
@@ -39,6 +39,7 @@ std::vector<Status> StoreClientImpl::PutImpl(std::span<const std::string> keys,
         0, std::chrono::duration_cast<std::chrono::milliseconds>(*config.soft_pin_ttl).count())));
   }
   request.set_upsert(config.overwrite);
+  request.set_promotion(scope.promotion);
   AddUnreachable(&request);
   Status status = Rpc("BatchPutStart", &Stub::BatchPutStart, &request, &reply);
   if (status.ok()) status = CheckPutStartReply(reply, keys.size());
@@ -98,7 +99,7 @@ std::vector<Status> StoreClientImpl::PutImpl(std::span<const std::string> keys,
       if (!started[i] || !results[i].ok()) continue;
       for (const proto::Replica& replica : reply.results(static_cast<int>(i)).replicas()) {
         if (replica.segment_id() == own) {
-          membership_->NoteWritten(replica.offset(), MasterKey(keys[i]), sizes[i]);
+          membership_->NoteWritten(replica.offset(), MasterKey(keys[i], scope), sizes[i]);
         }
       }
     }
@@ -109,10 +110,10 @@ std::vector<Status> StoreClientImpl::PutImpl(std::span<const std::string> keys,
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!started[i]) continue;
     if (results[i].ok()) {
-      end.add_keys(MasterKey(keys[i]));
+      end.add_keys(MasterKey(keys[i], scope));
       ended.push_back(i);
     } else {
-      revoke.add_keys(MasterKey(keys[i]));
+      revoke.add_keys(MasterKey(keys[i], scope));
     }
   }
   if (end.keys_size() > 0) {

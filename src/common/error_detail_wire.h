@@ -20,6 +20,7 @@ inline ErrorDetail ErrorDetailFromNumber(uint64_t number) {
     case static_cast<uint64_t>(ErrorDetail::kLeased):
     case static_cast<uint64_t>(ErrorDetail::kRebuilding):
     case static_cast<uint64_t>(ErrorDetail::kUnknownSession):
+    case static_cast<uint64_t>(ErrorDetail::kOnDisk):
       return static_cast<ErrorDetail>(number);
     default:
       return ErrorDetail::kNone;

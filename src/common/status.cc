@@ -64,6 +64,8 @@ std::string_view ErrorDetailName(ErrorDetail detail) {
       return "Rebuilding";
     case ErrorDetail::kUnknownSession:
       return "UnknownSession";
+    case ErrorDetail::kOnDisk:
+      return "OnDisk";
   }
   return "None";
 }

@@ -83,6 +83,7 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
       if (segments_.Unmount(id, slot).ok()) unmounted.push_back(id);
     }
     ForgetTraffic(client_id);
+    disk_.ClientGone(client_id);
     Log().info("client {} left", client_id);
   }
   if (!unmounted.empty() || unregister) DropSegments(unmounted, unregister ? slot : 0);

@@ -109,7 +109,9 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
         for (Object* object = shard.Ends(list).oldest;
              object != nullptr && taken < k && walked < kMaxWalk; object = object->newer) {
           ++walked;
-          if (object->Leased(now)) continue;
+          if (object->Leased(now) || (disk_.active() && disk_.JustPromoted(object->key()))) {
+            continue;
+          }
           candidates.push_back(
               Candidate{object->last_access, object->size * object->replica_count});
           oldest = std::min(oldest, object->last_access);
@@ -156,8 +158,14 @@ uint64_t MasterState::EvictFrom(ObjectList list, uint64_t bytes, uint64_t* scann
              object != nullptr && walked < walk_length[s] && freed + freed_this_round < bytes;
              ++walked) {
           Object* next = object->newer;
-          if (object->last_access <= threshold && !object->Leased(now)) {
+          if (object->last_access <= threshold && !object->Leased(now) &&
+              !(disk_.active() && disk_.JustPromoted(object->key()))) {
             uint64_t object_bytes = object->size * object->replica_count;
+            if (disk_.active()) {
+              auto& counter = disk_.Has(object->key()) ? disk_.counters().evicted_with_copy
+                                                       : disk_.counters().evicted_dropped;
+              counter.fetch_add(1, std::memory_order_relaxed);
+            }
             LogRemovedLocked(object, &replicas);
             shard.Erase(object);
             objects_.fetch_sub(1, std::memory_order_relaxed);

@@ -211,6 +211,32 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
     };
     const TenantCounters::Snapshot tenants = state.TenantStats();
     std::optional<double> serving = ServingHitRate(tenants.tenants, tenants.others);
+    // The disk tier (docs/disk-tier.md): its holders' disks, copies, and work by outcome.
+    const DiskTierCounters& dc = state.disk().counters();
+    uint64_t holders_online = 0, disk_capacity = 0, disk_used = 0, copy_bytes = 0;
+    const std::vector<DiskHolderView> holders = state.disk().Holders();
+    for (const DiskHolderView& holder : holders) {
+      holders_online += holder.online ? 1 : 0;
+      disk_capacity += holder.report.capacity_bytes;
+      disk_used += holder.report.used_bytes;
+      copy_bytes += holder.copy_bytes;
+    }
+    const ordered_json disk = {
+        {"holders", holders.size()},
+        {"holders_online", holders_online},
+        {"capacity_bytes", disk_capacity},
+        {"used_bytes", disk_used},
+        {"copies", state.disk().copies()},
+        {"copy_bytes", copy_bytes},
+        {"demoted", dc.demoted.load()},
+        {"demote_failed", dc.demote_failed.load() + dc.demote_timed_out.load()},
+        {"demote_refused", dc.demote_refused.load()},
+        {"queue_full", dc.queue_full.load()},
+        {"evicted_with_copy", dc.evicted_with_copy.load()},
+        {"evicted_without_copy", dc.evicted_dropped.load()},
+        {"disk_hits", dc.disk_hits.load()},
+        {"promotions", dc.promotions_queued.load()},
+        {"promotion_failures", dc.promote_failed.load()}};
     SendJson(response,
              {{"version", Version()},
               {"role", role ? role() : std::string("single")},
@@ -237,7 +263,8 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
               {"lease_expiries", stats.lease_expiries},
               {"leases_active", stats.leases_active},
               {"put_refusals", stats.put_refusals_no_space + stats.put_refusals_invalid},
-              {"client_expiries", stats.client_expiries}});
+              {"client_expiries", stats.client_expiries},
+              {"disk", disk}});
   });
   server.Get("/api/history", [history](const httplib::Request&, httplib::Response& response) {
     ordered_json points = ordered_json::array();

@@ -25,6 +25,8 @@ void MasterState::RunMaintenance() {
   RevokeTimedOutPuts(now);
   ReleaseQuarantine(now);
   EvictAboveWatermark();
+  disk_.Sweep();
+  ScheduleDemotions();
   EndRecoveryWindow(now);
   SampleRates(now);
 }
@@ -132,6 +134,7 @@ void MasterState::ExpireClients(int64_t now) {
     for (PoolSegmentId id : segments) segments_.Unmount(id, slot).IgnoreError();
     DropSegments(segments, slot);
     ForgetTraffic(client_id);
+    disk_.ClientGone(client_id);
     counters_.client_expiries.fetch_add(1, std::memory_order_relaxed);
     Log().warn("client {} silent for over {} ms: expired, {} segment(s) unmounted", client_id,
                options_.client_ttl.count(), segments.size());

@@ -52,6 +52,7 @@ MasterState::MasterState(MasterOptions options)
       last_sweep_(started_) {}
 
 MasterState::~MasterState() {
+  disk_.Stop();
   {
     MutexLock lock(sweeper_mu_);
     stopping_ = true;
@@ -514,14 +515,15 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
   if (!release.empty()) ReleaseLeasesOf(slot, client_id, release, nullptr);
   GetBatch batch;
   batch.items.resize(keys.size());
-  const bool lease = mode == GetMode::kLease;
+  const bool lease = mode != GetMode::kPeek;
+  const bool use = mode == GetMode::kLease;  // a reader's get: it counts for LRU and the tallies
   std::vector<Object*> leased;
   if (lease) leased.reserve(keys.size());
   int64_t now = Now();
   int64_t lease_until = now + ToNanos(options_.lease_ttl);
   // One tick range and one update of each shared counter per batch, not per key: these atomics
   // are shared by every RPC thread.
-  uint64_t tick = lease ? tick_.fetch_add(keys.size()) : 0;
+  uint64_t tick = use ? tick_.fetch_add(keys.size()) : 0;
   // A get logs a TOUCH in its object's catalogs (see SyncCatalog) when it is the object's first
   // use in an epoch of 2^epoch_bits ticks: a catalog's tick is then at most one epoch behind the
   // object's last use, and an object costs one TOUCH per epoch at most, however hot.
@@ -547,20 +549,22 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
       outcome.status = rebuilding ? RebuildingError(ref.key, rebuilding_until - now)
                                   : NotFoundError("key " + QuoteKey(ref.key) + " not found");
       ++misses;
-      if (lease) tally.Get(ref.key, false);
+      if (use) tally.Get(ref.key, false);
       continue;
     }
     if (object->state != ObjectState::kComplete) {
       outcome.status = UnavailableError("key " + QuoteKey(ref.key) + " is still being written")
                            .WithDetail(ErrorDetail::kBeingWritten);
       ++misses;
-      if (lease) tally.Get(ref.key, false);
+      if (use) tally.Get(ref.key, false);
       continue;
     }
     if (lease) {
       object->lease_until = lease_until;
       object->AddReader();
       leased.push_back(object);
+    }
+    if (use) {
       if (object->last_access >> epoch_bits < (tick + i + 1) >> epoch_bits) {
         if (touches.empty()) {
           // Usually most of a batch's keys are touched once one is: room for all at once.
@@ -578,7 +582,7 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
       outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
     }
     ++hits;
-    if (lease) tally.Get(ref.key, true);
+    if (use) tally.Get(ref.key, true);
   }
   // TOUCHes are logged after the shard locks: a late one is harmless (a client applies a TOUCH
   // only to the entry it names, and keeps the latest tick).
@@ -587,7 +591,7 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
     batch.lease_id = leases_.Grant(slot, now, lease_until, std::move(leased));
     batch.lease_ttl = options_.lease_ttl;
   }
-  if (lease) {
+  if (use) {
     counters_.gets.fetch_add(hits, std::memory_order_relaxed);
     counters_.get_misses.fetch_add(misses, std::memory_order_relaxed);
     tenant_counters_.Merge(tally);

@@ -81,6 +81,19 @@ class MasterState {
   // A random number drawn at construction: clients notice a restarted master by its change.
   uint64_t incarnation() const { return incarnation_; }
   const MasterOptions& options() const { return options_; }
+  // The disk tier: holders, disk copies and their work (disk_tier.h).
+  DiskTier& disk() { return disk_; }
+  const DiskTier& disk() const { return disk_; }
+  // The host of a registered client; FailedPrecondition (kRemountRequired) for an unknown one.
+  Result<std::string> ClientHostId(const std::string& client_id);
+  // Whether an object of `key` is in memory, complete or being written.
+  bool HasObject(std::string_view key) const;
+  // Queues demotions of the least recently used objects once memory use passes the disk tier's
+  // demote watermark (demotion.cc). The sweeper calls it every round, a holder's poll before it
+  // takes its work.
+  void ScheduleDemotions();
+  // As ScheduleDemotions, at most once every 2 ms however many threads call (puts, polls).
+  void MaybeScheduleDemotions();
 
   // ---- clients and segments (clients.cc) ----
 
@@ -442,6 +455,8 @@ class MasterState {
   void SweeperLoop();
 
   const MasterOptions options_;
+  DiskTier disk_{options_.disk};
+  std::atomic<int64_t> last_demotion_schedule_{0};  // steady clock, ns
   const uint64_t incarnation_;
   const size_t shard_count_;
   std::unique_ptr<Shard[]> shards_;

@@ -159,6 +159,88 @@ void RenderTenants(std::ostringstream& out, const TenantCounters::Snapshot& snap
 
 }  // namespace
 
+// The disk tier (docs/disk-tier.md): demotions by outcome, disk hits, promotions, copies, and
+// each holder's disk.
+void RenderDiskTier(std::ostringstream& out, const DiskTier& tier) {
+  const DiskTierCounters& c = tier.counters();
+  out << "# HELP larder_disk_demotions_total Demotions to the disk tier, by outcome: demoted "
+         "(recorded), failed (the holder could not), timed_out, refused (the key changed "
+         "meanwhile), queue_full (not queued: left to eviction).\n"
+         "# TYPE larder_disk_demotions_total counter\n";
+  const std::pair<const char*, uint64_t> demotions[] = {{"demoted", c.demoted.load()},
+                                                        {"failed", c.demote_failed.load()},
+                                                        {"timed_out", c.demote_timed_out.load()},
+                                                        {"refused", c.demote_refused.load()},
+                                                        {"queue_full", c.queue_full.load()}};
+  for (const auto& [outcome, value] : demotions) {
+    out << "larder_disk_demotions_total{outcome=\"" << outcome << "\"} " << value << '\n';
+  }
+  out << "# HELP larder_disk_evictions_total Memory replicas evicted while a holder was "
+         "polling, by whether a disk copy kept the object.\n"
+         "# TYPE larder_disk_evictions_total counter\n"
+      << "larder_disk_evictions_total{disk_copy=\"kept\"} " << c.evicted_with_copy.load() << '\n'
+      << "larder_disk_evictions_total{disk_copy=\"none\"} " << c.evicted_dropped.load() << '\n';
+  auto metric = [&](const char* name, const char* type, const char* help, uint64_t value) {
+    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
+        << name << ' ' << value << '\n';
+  };
+  metric("larder_disk_demotions_queued_total", "counter", "Demotions handed to holders.",
+         c.demotions_queued.load());
+  metric("larder_disk_hits_total", "counter",
+         "Gets of objects found only on disk (answered OnDisk while the holder brings them back).",
+         c.disk_hits.load());
+  metric("larder_disk_promotions_total", "counter", "Disk copies asked back into memory.",
+         c.promotions_queued.load());
+  metric("larder_disk_promotion_failures_total", "counter",
+         "Promotions the holder could not do (the copy failed its checks, or memory was full).",
+         c.promote_failed.load());
+  metric("larder_disk_copies_evicted_total", "counter", "Disk copies the holders' disks evicted.",
+         c.disk_evicted.load());
+  metric("larder_disk_copies_announced_total", "counter",
+         "Disk copies taken from holders' announcements (after a restart of either).",
+         c.announced.load());
+  metric("larder_disk_copies", "gauge", "Disk copies recorded.", tier.copies());
+  const std::vector<DiskHolderView> holders = tier.Holders();
+  out << "# HELP larder_disk_holder_online Whether the holder of each disk polls.\n"
+         "# TYPE larder_disk_holder_online gauge\n";
+  for (const DiskHolderView& h : holders) {
+    out << "larder_disk_holder_online{disk=\"" << h.report.identity << "\",host=\""
+        << LabelValue(h.host_id) << "\"} " << (h.online ? 1 : 0) << '\n';
+  }
+  struct HolderGauge {
+    const char* name;
+    const char* help;
+    uint64_t DiskHolderView::*field;
+  };
+  const HolderGauge gauges[] = {
+      {"larder_disk_holder_copy_bytes", "Bytes of the disk copies recorded per disk.",
+       &DiskHolderView::copy_bytes},
+      {"larder_disk_holder_queued", "Demotions queued per disk.", &DiskHolderView::queued}};
+  for (const auto& [name, help, field] : gauges) {
+    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " gauge\n";
+    for (const DiskHolderView& h : holders) {
+      out << name << "{disk=\"" << h.report.identity << "\"} " << h.*field << '\n';
+    }
+  }
+  struct DiskGauge {
+    const char* name;
+    const char* help;
+    uint64_t DiskHolderReport::*field;
+  };
+  const DiskGauge disks[] = {
+      {"larder_disk_capacity_bytes", "Each disk's capacity, as its holder last said.",
+       &DiskHolderReport::capacity_bytes},
+      {"larder_disk_used_bytes", "Bytes of each disk's region files.",
+       &DiskHolderReport::used_bytes},
+      {"larder_disk_records", "Records on each disk.", &DiskHolderReport::records}};
+  for (const auto& [name, help, field] : disks) {
+    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " gauge\n";
+    for (const DiskHolderView& h : holders) {
+      out << name << "{disk=\"" << h.report.identity << "\"} " << h.report.*field << '\n';
+    }
+  }
+}
+
 std::string RenderMetrics(const MasterState& state) {
   MasterStats stats = state.Stats();
   std::ostringstream out;
@@ -224,6 +306,7 @@ std::string RenderMetrics(const MasterState& state) {
   metric("larder_catalog_entries_dropped_total", "counter",
          "Catalog entries refused at a rebuild (bad, overlapping, conflicting, duplicate).",
          stats.catalog_entries_dropped);
+  RenderDiskTier(out, state.disk());
   out << "# HELP larder_segment_bytes_used Bytes allocated per segment.\n"
          "# TYPE larder_segment_bytes_used gauge\n";
   auto segments = state.ListSegments({});

@@ -150,6 +150,14 @@ RemoveAllOutcome MasterState::RemoveWhere(std::optional<std::string_view> tenant
     // One entry for the shard's leased objects, held until the last of their leases ends.
     if (!leased.empty()) Quarantine(std::move(leased), leased_until);
   }
+  // Disk copies go too (those of keys removed above, and those with no object in memory).
+  if (on_segment == 0 && disk_.active()) {
+    disk_.InvalidateIf([&](std::string_view whole) {
+      std::optional<std::string_view> key =
+          tenant ? KeyInTenant(whole, *tenant) : std::optional(whole);
+      return key.has_value() && match(*key);
+    });
+  }
   counters_.removes.fetch_add(outcome.removed, std::memory_order_relaxed);
   return outcome;
 }

@@ -155,6 +155,11 @@ grpc::Status StatusList(const Result<std::vector<Status>>& results, Reply* reply
   return grpc::Status::OK;
 }
 
+DiskHolderReport HolderReport(const proto::DiskHolder& holder) {
+  return DiskHolderReport{holder.identity(), holder.capacity_bytes(), holder.used_bytes(),
+                          holder.records()};
+}
+
 // What a call needs from its session.
 enum class Need {
   kMember,  // any session (the caller holds the cluster token)
@@ -166,6 +171,37 @@ class MasterService final : public proto::Master::Service {
  public:
   MasterService(MasterState* state, SessionTable* sessions, const ServingGate* gate)
       : state_(state), sessions_(sessions), gate_(gate) {}
+
+  // Keys a get found no object of, whose only copy is on a disk: a metadata read answers the
+  // copy's size; a read asks the copy's holder to put the object back and answers kOnDisk, so that
+  // the reader repeats its get shortly.
+  void AnswerFromDisk(const proto::BatchKeysRequest& request, std::vector<GetOutcome>* items) {
+    for (size_t i = 0; i < items->size(); ++i) {
+      GetOutcome& outcome = (*items)[i];
+      // A key being written while it has a disk copy is that copy coming back: any other put of
+      // the key dropped the copy when it started.
+      const bool promoting = outcome.status.detail() == ErrorDetail::kBeingWritten;
+      if (outcome.status.code() != StatusCode::kNotFound &&
+          outcome.status.detail() != ErrorDetail::kRebuilding && !promoting) {
+        continue;
+      }
+      const std::string& key = request.keys(static_cast<int>(i));
+      std::optional<uint64_t> size = state_->disk().Find(key);
+      if (!size) continue;
+      outcome.size = *size;
+      if (request.metadata_only()) {
+        outcome.status = Status::Ok();
+      } else if (promoting) {
+        outcome.status =
+            UnavailableError("key " + QuoteKey(key) + " is on disk; its holder is bringing it back")
+                .WithDetail(ErrorDetail::kOnDisk);
+      } else if (!request.quiet() && state_->disk().QueuePromote(key)) {
+        outcome.status =
+            UnavailableError("key " + QuoteKey(key) + " is on disk; its holder is bringing it back")
+                .WithDetail(ErrorDetail::kOnDisk);
+      }
+    }
+  }
 
   // Unavailable (saying why) while this master may not serve: a standby, or a leader that lost
   // its lease.
@@ -412,6 +448,27 @@ class MasterService final : public proto::Master::Service {
     options.upsert = request->upsert();
     auto results = state_->BatchPutStart(request->client_id(), items, options);
     if (!results.ok()) return ToGrpc(results.status());
+    if (state_->disk().active()) {
+      // A new object of a key replaces its disk copy, unless it is that copy coming back (a
+      // promotion by the copy's own holder).
+      std::vector<std::string_view> replaced;
+      for (size_t i = 0; i < results->size(); ++i) {
+        const PutStartOutcome& outcome = (*results)[i];
+        std::string_view key = items[i].key;
+        if (request->promotion()) {
+          // The copy is coming back, or is back already (an object of the key is in memory):
+          // either way the promotion is done, and the copy stays.
+          const bool own = state_->disk().Promoted(key, request->client_id());
+          if (own || outcome.already_exists || !outcome.status.ok()) continue;
+        } else if (!outcome.status.ok() || outcome.already_exists) {
+          continue;
+        }
+        replaced.push_back(key);
+      }
+      state_->disk().Invalidate(replaced);
+      // Puts are what turns the pool over: the next demotions are chosen as they come.
+      state_->MaybeScheduleDemotions();
+    }
     reply->mutable_results()->Reserve(static_cast<int>(results->size()));
     for (const PutStartOutcome& outcome : *results) {
       proto::PutStartResult* out = reply->add_results();
@@ -452,9 +509,14 @@ class MasterService final : public proto::Master::Service {
     const auto& release = request->release_leases();
     auto batch =
         state_->BatchGetReplicas(request->client_id(), Keys(*request),
-                                 request->metadata_only() ? GetMode::kPeek : GetMode::kLease,
+                                 request->metadata_only() ? GetMode::kPeek
+                                 : request->quiet()       ? GetMode::kLeaseQuiet
+                                                          : GetMode::kLease,
                                  std::span(release.data(), static_cast<size_t>(release.size())));
     if (!batch.ok()) return ToGrpc(batch.status());
+    if (state_->disk().active()) {
+      AnswerFromDisk(*request, &batch->items);
+    }
     const int n = static_cast<int>(batch->items.size());
     reply->mutable_size()->Reserve(n);
     reply->mutable_replica_count()->Reserve(n);
@@ -498,6 +560,14 @@ class MasterService final : public proto::Master::Service {
     ReleaseCarried(request->client_id(), request->release_leases());
     auto results = state_->BatchExist(request->client_id(), Keys(*request));
     if (!results.ok()) return ToGrpc(results.status());
+    if (state_->disk().active()) {
+      for (size_t i = 0; i < results->size(); ++i) {
+        if ((*results)[i].code() == StatusCode::kNotFound &&
+            state_->disk().Find(request->keys(static_cast<int>(i)))) {
+          (*results)[i] = Status::Ok();
+        }
+      }
+    }
     reply->mutable_exists()->Reserve(static_cast<int>(results->size()));
     for (size_t i = 0; i < results->size(); ++i) {
       const Status& status = (*results)[i];
@@ -518,10 +588,23 @@ class MasterService final : public proto::Master::Service {
     }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
-    return StatusList(state_->BatchRemove(request->client_id(), Keys(*request), request->force(),
-                                          request->segment(),
-                                          std::chrono::milliseconds(request->unused_for_ms())),
-                      reply);
+    std::vector<std::string_view> keys = Keys(*request);
+    auto results =
+        state_->BatchRemove(request->client_id(), keys, request->force(), request->segment(),
+                            std::chrono::milliseconds(request->unused_for_ms()));
+    // A whole object's removal takes its disk copy too; a key only on disk is removed by that.
+    if (results.ok() && request->segment().empty() && state_->disk().active()) {
+      std::vector<std::string_view> gone;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        Status& status = (*results)[i];
+        if (status.code() == StatusCode::kNotFound && state_->disk().Has(keys[i])) {
+          status = Status::Ok();
+        }
+        if (status.ok()) gone.push_back(keys[i]);
+      }
+      state_->disk().Invalidate(gone);
+    }
+    return StatusList(results, reply);
   }
 
   grpc::Status RemoveAll(grpc::ServerContext* context, const proto::RemoveAllRequest* request,
@@ -549,6 +632,71 @@ class MasterService final : public proto::Master::Service {
     if (!outcome.ok()) return ToGrpc(outcome.status());
     reply->set_removed(outcome->removed);
     reply->set_skipped_leased(outcome->skipped_leased);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DiskPoll(grpc::ServerContext* context, const proto::DiskPollRequest* request,
+                        proto::DiskPollReply* reply) override {
+    if (auto denied = Authorize(context, "DiskPoll", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    auto host = state_->ClientHostId(request->client_id());
+    if (!host.ok()) return ToGrpc(host.status());
+    // A busy holder polls again as soon as it reported: its next work is chosen now, not at the
+    // sweeper's next round.
+    state_->MaybeScheduleDemotions();
+    auto tasks = state_->disk().Poll(request->client_id(), *host, HolderReport(request->holder()),
+                                     std::chrono::milliseconds(request->wait_ms()));
+    if (!tasks.ok()) return ToGrpc(tasks.status());
+    reply->mutable_demote()->Assign(tasks->demote.begin(), tasks->demote.end());
+    reply->mutable_promote()->Assign(tasks->promote.begin(), tasks->promote.end());
+    reply->mutable_drop()->Assign(tasks->drop.begin(), tasks->drop.end());
+    reply->set_announce(tasks->announce);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DiskReport(grpc::ServerContext* context, const proto::DiskReportRequest* request,
+                          proto::DiskReportReply* reply) override {
+    if (auto denied = Authorize(context, "DiskReport", *request, Need::kSelf); !denied.ok()) {
+      return denied;
+    }
+    // An announcement lists a whole disk: bounded by what one message carries, not by the batch
+    // limit; the other lists are one batch's.
+    for (int size : {request->evicted_size(), request->failed_size()}) {
+      if (Status bad = CheckBatchSize(static_cast<size_t>(size), "keys"); !bad.ok()) {
+        return ToGrpc(bad);
+      }
+    }
+    if (!request->announce()) {
+      if (Status bad = CheckBatchSize(static_cast<size_t>(request->stored_size()), "keys");
+          !bad.ok()) {
+        return ToGrpc(bad);
+      }
+    }
+    std::vector<DiskCopyReport> stored;
+    stored.reserve(static_cast<size_t>(request->stored_size()));
+    const size_t max_key = state_->options().max_key_size;
+    for (const proto::DiskCopy& copy : request->stored()) {
+      if (copy.key().empty() || copy.key().size() > max_key) {
+        return ToGrpc(InvalidArgumentError("a disk copy's key of " +
+                                           std::to_string(copy.key().size()) + " bytes"));
+      }
+      stored.push_back(DiskCopyReport{copy.key(), copy.size(), copy.generation()});
+    }
+    std::vector<std::string> evicted(request->evicted().begin(), request->evicted().end());
+    std::vector<std::string> failed(request->failed().begin(), request->failed().end());
+    auto refused = state_->disk().Report(request->client_id(), HolderReport(request->holder()),
+                                         stored, evicted, failed, request->announce(),
+                                         [this](std::string_view key, uint64_t) {
+                                           // Only for keys with no object in memory: a copy
+                                           // announced after a restart may be of an earlier object
+                                           // of the key (overwritten while its holder was away),
+                                           // and its bytes must never stand in for the current
+                                           // one's.
+                                           return !state_->HasObject(key);
+                                         });
+    if (!refused.ok()) return ToGrpc(refused.status());
+    reply->mutable_refused()->Assign(refused->begin(), refused->end());
     return grpc::Status::OK;
   }
 

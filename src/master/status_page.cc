@@ -61,6 +61,8 @@ token. <input id="token" type="password" size="40" placeholder="admin token">
   <div class="card"><div class="label">lease expiries</div><div class="value" id="lease_expiries">-</div></div>
   <div class="card"><div class="label">clients / segments</div>
     <div class="value"><span id="clients">-</span> / <span id="segments">-</span></div></div>
+  <div class="card"><div class="label">disk copies / disk hits</div>
+    <div class="value"><span id="disk_copies">-</span> / <span id="disk_hits">-</span></div></div>
 </div>
 <div class="charts">
   <div class="chart"><h3>operations per second</h3><svg id="chart-ops"></svg></div>
@@ -157,6 +159,8 @@ function renderSummary(s) {
   text("evictions_per_s", rate(s.evictions_per_s)); text("evictions", s.evictions);
   text("lease_expiries", s.lease_expiries);
   text("clients", s.clients); text("segments", s.segments);
+  const disk = s.disk || {copies: 0, disk_hits: 0};
+  text("disk_copies", disk.copies); text("disk_hits", disk.disk_hits);
 }
 function renderHistory(h) {
   const p = h.points;

@@ -19,6 +19,7 @@
 #include "larder/soft_pin.h"
 #include "larder/status.h"
 #include "larder/transfer_engine.h"
+#include "master/disk_tier.h"
 
 namespace larder::master {
 
@@ -69,6 +70,8 @@ struct MasterOptions {
   // Their labels are engine ids, which hold a pid and a per-process key: every restart of a
   // client starts new series. false: only the totals by route and locality.
   bool metrics_per_client = false;
+  // The disk tier's master side (disk_tier.h): idle until a holder polls.
+  DiskTierOptions disk = {};
   // Time source; tests substitute a fake clock.
   std::function<Clock::time_point()> clock = [] { return Clock::now(); };
 };
@@ -238,6 +241,9 @@ struct GetOutcome {
 enum class GetMode {
   kLease,  // a read: every object found is leased (and counts as a use for LRU)
   kPeek,   // metadata only (GetSize): no lease, no use
+  // A lease that is no use: a disk holder reading an object to demote it, which must not make
+  // the object recently used.
+  kLeaseQuiet,
 };
 
 // What BatchGetReplicas answers: one outcome per key, and the lease that holds every object found.

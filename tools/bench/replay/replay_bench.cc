@@ -13,7 +13,9 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -121,6 +123,17 @@ struct Cluster {
   std::unique_ptr<master::MasterServer> master;  // when embedded
   std::string master_address;
   std::vector<ChildProcess> workers;
+  std::vector<std::string> disk_dirs;  // removed when the run ends
+
+  Cluster() = default;
+  Cluster(Cluster&&) = default;
+  Cluster& operator=(Cluster&&) = default;
+  ~Cluster() {
+    for (const std::string& dir : disk_dirs) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  }
 };
 
 Result<Cluster> StartCluster(const ReplayOptions& options, uint64_t segment_size) {
@@ -138,6 +151,13 @@ Result<Cluster> StartCluster(const ReplayOptions& options, uint64_t segment_size
     // Unique across runs, so that a sweep against an external master never reuses a name.
     std::string name = "replay-" + std::to_string(getpid()) + "-" + std::to_string(this_run) + "-" +
                        std::to_string(i);
+    std::map<std::string, std::string> env;
+    if (!options.disk_path.empty()) {
+      cluster.disk_dirs.push_back(options.disk_path + "/" + name);
+      env["LARDER_DISK_PATH"] = cluster.disk_dirs.back();
+      env["LARDER_DISK_CAPACITY"] =
+          std::to_string(options.disk_capacity / static_cast<uint64_t>(options.clients));
+    }
     LARDER_ASSIGN_OR_RETURN(
         ChildProcess worker,
         ChildProcess::Spawn(
@@ -145,7 +165,7 @@ Result<Cluster> StartCluster(const ReplayOptions& options, uint64_t segment_size
              std::to_string(segment_size), "--protocol", options.protocol, "--segment-name", name,
              "--page-size", std::to_string(options.page_size), "--device",
              SelectsDevice(options.protocol) ? "0" : "-1"},
-            {}, std::chrono::seconds(60)));
+            env, std::chrono::seconds(60)));
     cluster.workers.push_back(std::move(worker));
   }
   return cluster;
@@ -332,6 +352,15 @@ std::string ReplayResult::ToJson() const {
               {"computed", computed},
               {"errors", errors},
               {"wrong_bytes", wrong_bytes}};
+  if (disk_capacity > 0) {
+    out["disk_capacity"] = disk_capacity;
+    out["lru_tiered_hit_blocks"] = lru_tiered_hit_blocks;
+    out["lru_tiered_hit_rate"] = lru_tiered_hit_rate;
+    out["vs_lru_tiered"] = lru_tiered_hit_rate > 0 ? hit_rate / lru_tiered_hit_rate : 0.0;
+    if (disk_hits >= 0) out["disk_hits"] = disk_hits;
+    if (demoted >= 0) out["demoted"] = demoted;
+    if (evicted_without_copy >= 0) out["evicted_without_copy"] = evicted_without_copy;
+  }
   if (evictions >= 0) out["evictions"] = evictions;
   if (lease_expiries >= 0) out["lease_expiries"] = lease_expiries;
   if (put_refusals >= 0) out["put_refusals"] = put_refusals;
@@ -370,6 +399,14 @@ Result<ReplayResult> RunReplay(const ReplayOptions& options,
   result.protocol = options.protocol;
   result.speed = options.speed;
 
+  if (!options.disk_path.empty()) {
+    if (options.disk_capacity == 0) return InvalidArgumentError("--disk-capacity must be positive");
+    result.disk_capacity = options.disk_capacity;
+    SimulatedHits tiered = SimulatePrefixCache(
+        requests, result.capacity_pages + options.disk_capacity / options.page_size);
+    result.lru_tiered_hit_blocks = tiered.hit_blocks;
+    result.lru_tiered_hit_rate = tiered.hit_rate();
+  }
   SimulatedHits lru = SimulatePrefixCache(requests, result.capacity_pages);
   SimulatedHits unbounded = SimulatePrefixCache(requests, 0);
   result.block_refs = lru.block_refs;
@@ -404,6 +441,12 @@ Result<ReplayResult> RunReplay(const ReplayOptions& options,
     result.evictions = static_cast<int64_t>(stats.evictions);
     result.lease_expiries = static_cast<int64_t>(stats.lease_expiries);
     result.put_refusals = static_cast<int64_t>(stats.put_refusals_no_space);
+    if (!options.disk_path.empty()) {
+      const master::DiskTierCounters& disk = cluster.master->state().disk().counters();
+      result.disk_hits = static_cast<int64_t>(disk.disk_hits.load());
+      result.demoted = static_cast<int64_t>(disk.demoted.load());
+      result.evicted_without_copy = static_cast<int64_t>(disk.evicted_dropped.load());
+    }
     master::LatencyHistogram::Snapshot held = cluster.master->state().LeaseHoldTimes();
     result.lease_hold_p50_ms = held.Quantile(0.5) / 1e6;
     result.lease_hold_p99_ms = held.Quantile(0.99) / 1e6;

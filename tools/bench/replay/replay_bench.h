@@ -53,6 +53,10 @@ struct ReplayOptions {
   // Draw a progress bar with the live hit rate on stderr (when it is a terminal, not with json,
   // and only once a run has taken a second).
   bool progress = true;
+  // The disk tier (docs/disk-tier.md): each client holds a directory of its own under this one
+  // (removed after the run), with disk_capacity / clients bytes. Empty: memory only.
+  std::string disk_path;
+  uint64_t disk_capacity = 1ull << 30;
 };
 
 // The figures of one replay at one capacity.
@@ -77,6 +81,14 @@ struct ReplayResult {
   uint64_t page_size = 0;
   uint64_t capacity = 0;  // bytes the clients contribute together (whole pages per client)
   uint64_t capacity_pages = 0;
+  // With the disk tier: its bytes, exact LRU's hit rate at memory + disk, and the tier's work
+  // (from the embedded master; -1 with an external one).
+  uint64_t disk_capacity = 0;
+  uint64_t lru_tiered_hit_blocks = 0;
+  double lru_tiered_hit_rate = 0;
+  int64_t disk_hits = -1;
+  int64_t demoted = -1;
+  int64_t evicted_without_copy = -1;
   int clients = 0;
   int inflight = 0;
   std::string protocol;

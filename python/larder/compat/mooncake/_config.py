@@ -91,6 +91,8 @@ _DEFAULTS = {
     "client_http_port": 9300,
     "enable_ssd_offload": False,
     "ssd_offload_path": "",
+    # The disk tier's size (bytes or "N%"); empty: LARDER_DISK_CAPACITY, else half the disk.
+    "ssd_offload_capacity": "",
     # Mooncake's master keeps an object in a KV lease this long (ms) after each put and read;
     # batch_replica_clear skips objects in theirs.
     "default_kv_lease_ttl": 5000,
@@ -112,6 +114,7 @@ _CONFIG_KEYS = {
     "client_http_port": "client_http_port",
     "enable_ssd_offload": "enable_ssd_offload",
     "ssd_offload_path": "ssd_offload_path",
+    "ssd_offload_capacity": "ssd_offload_capacity",
     "default_kv_lease_ttl": "default_kv_lease_ttl",
 }
 
@@ -125,6 +128,10 @@ _ENV_KEYS = {
     "MOONCAKE_MASTER": "master_server_addr",
     "MOONCAKE_TENANT_ID": "tenant_id",
     "MOONCAKE_DEFAULT_KV_LEASE_TTL": "default_kv_lease_ttl",
+    # Mooncake's offload settings: the disk tier's switch, directory and size.
+    "MOONCAKE_ENABLE_OFFLOAD": "enable_ssd_offload",
+    "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": "ssd_offload_path",
+    "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": "ssd_offload_capacity",
 }
 
 

@@ -306,7 +306,9 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
         value a copying write (put, put_parts, put_batch, put_tensor, ...) takes, as Mooncake's
         staging buffer. ``metadata_server`` and ``rdma_devices`` are ignored; ``engine`` (a
         shared TransferEngine) is accepted, but the store moves bytes with its own engine;
-        ``enable_ssd_offload`` is accepted with a warning (Larder has no disk tier yet).
+        ``enable_ssd_offload`` with ``ssd_offload_path`` makes this client its host's disk
+        holder on that directory (Larder's disk tier, docs/disk-tier.md; one process per
+        directory; ``LARDER_DISK_CAPACITY`` and the other LARDER_DISK_* settings apply).
         Returns 0, or a negative code (RPC_FAIL when the master is unreachable, INVALID_PARAMS
         for bad values, or when this store was set up, or failed to, since its last close)."""
         if isinstance(local_hostname, Mapping):
@@ -338,9 +340,6 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
         except (ValueError, OSError) as e:
             _log.error("setup: %s", e)
             return _INVALID
-        if config["enable_ssd_offload"]:
-            _log.warning("setup: enable_ssd_offload is accepted, but Larder has no disk tier yet: "
-                         "offload is off and objects live in memory only")
         tenant = str(config["tenant_id"]).strip()
         options = {
             "global_segment_size": config["global_segment_size"],
@@ -348,6 +347,18 @@ class MooncakeDistributedStore(TensorMethods, ParallelTensorMethods, TensorFileM
             "protocol": map_protocol(str(config["protocol"])),
             "tenant_id": "" if tenant in ("", "default") else tenant,
         }
+        if config["enable_ssd_offload"]:
+            path = str(config["ssd_offload_path"]).strip()
+            if not path:
+                _log.error("setup: enable_ssd_offload needs ssd_offload_path (a directory of "
+                           "this process's own)")
+                return _INVALID
+            options["disk_path"] = path
+            capacity = str(config["ssd_offload_capacity"]).strip()
+            if capacity:
+                options["disk_capacity"] = capacity
+        elif str(config["ssd_offload_path"]).strip():
+            _log.info("setup: ssd_offload_path is set but enable_ssd_offload is not: no disk tier")
         try:
             store = _open_store(str(config["master_server_addr"]), host, ip, port, options)
         except larder.LarderError as e:
