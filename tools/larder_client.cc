@@ -64,6 +64,12 @@ int main(int argc, char** argv) {
       "file holding the cluster token, proven to the master and to peers "
       "(LARDER_AUTH_TOKEN; docs/security.md)",
       "file holding the operator token that RemoveAll needs (LARDER_ADMIN_TOKEN)");
+  app.add_option("--disk-path", options.store.disk_path,
+                 "the disk tier (docs/disk-tier.md): a directory of this daemon's own that makes "
+                 "it this host's disk holder (LARDER_DISK_PATH; default: no disk)");
+  app.add_option("--disk-capacity", options.store.disk_capacity,
+                 "the most the disk tier takes: bytes (500G) or a percentage of the file system "
+                 "(40%) (LARDER_DISK_CAPACITY; default 50%)");
   app.add_option("--max-clients", options.max_clients,
                  "attached processes served at once; more are refused")
       ->check(CLI::Range(size_t{1}, size_t{65536}))

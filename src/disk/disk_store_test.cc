@@ -2,6 +2,7 @@
 #include "disk/disk_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -332,6 +333,68 @@ TEST_F(DiskStoreTest, AFullDiskFailsTheWritesThatDoNotFitAndKeepsTheRest) {
     }
   }
   umount2(mount_point.c_str(), MNT_DETACH);
+}
+
+// A holder killed at any moment of its writes: every write it was told was durable reads back
+// after the restart, and no record anywhere reads back wrong. Five rounds on one directory.
+TEST_F(DiskStoreTest, AHolderKilledMidWriteLosesNothingItWasToldWasDurable) {
+  constexpr int kRounds = 5;
+  constexpr int kBatches = 20;  // acknowledged per round before the kill
+  constexpr int kPerBatch = 8;
+  auto key_of = [](int round, int batch, int j) {
+    return "r" + std::to_string(round) + "-b" + std::to_string(batch) + "-" + std::to_string(j);
+  };
+  auto size_of = [](int batch, int j) {
+    return static_cast<size_t>(1 + (batch * 7919 + j * 104729) % 65536);
+  };
+  std::vector<std::string> acknowledged;
+  for (int round = 0; round < kRounds; ++round) {
+    int acks[2];
+    ASSERT_EQ(pipe(acks), 0);
+    pid_t child = fork();
+    if (child == 0) {
+      close(acks[0]);
+      auto store = DiskStore::Open(Options());
+      if (!store.ok()) _exit(2);
+      for (int batch = 0;; ++batch) {
+        std::vector<std::string> keys;
+        std::vector<std::vector<std::byte>> values;
+        for (int j = 0; j < kPerBatch; ++j) {
+          keys.push_back(key_of(round, batch, j));
+          values.push_back(Value(keys.back(), size_of(batch, j)));
+        }
+        for (const Status& status : Put(**store, keys, values)) {
+          if (!status.ok()) _exit(3);
+        }
+        // Durable and in the index: say so.
+        if (write(acks[1], &batch, sizeof(batch)) != sizeof(batch)) _exit(4);
+      }
+    }
+    close(acks[1]);
+    int batch = -1;
+    while (batch + 1 < kBatches) {
+      ASSERT_EQ(read(acks[0], &batch, sizeof(batch)), static_cast<ssize_t>(sizeof(batch)))
+          << "the writer died in round " << round;
+    }
+    // The writer is inside its next batch now (or about to be): kill it there.
+    kill(child, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    close(acks[0]);
+    for (int b = 0; b <= batch; ++b) {
+      for (int j = 0; j < kPerBatch; ++j) acknowledged.push_back(key_of(round, b, j));
+    }
+    auto store = DiskStore::Open(Options());
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const std::string& key : acknowledged) {
+      auto got = ReadChecked(**store, key, 65536);
+      ASSERT_TRUE(got.ok()) << "round " << round << ", " << key << ": " << got.status();
+    }
+    for (const DiskRecord& record : (*store)->List()) {
+      auto got = ReadChecked(**store, record.key, 65536);  // intact, or a miss
+      if (!got.ok()) EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status();
+    }
+  }
 }
 
 TEST(DiskOptionsTest, SettingsComeFromTheEnvironment) {
