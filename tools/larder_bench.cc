@@ -557,6 +557,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   so->add_option("--master-binary", soak.master_binary,
                  "larder-master to run (default: the one beside larder-bench)");
+  so->add_option("--disk-path", soak.disk_path,
+                 "the disk tier: each client slot holds DIR/slot-N, kept across its restarts, so "
+                 "client_kill kills a holder mid-demotion and restarts it on its disk")
+      ->check(CLI::ExistingDirectory);
+  so->add_option("--disk-capacity", soak.disk_capacity, "disk tier bytes per client")
+      ->transform(ByteSize())
+      ->default_str("256M");
   so->add_flag("--json", soak.json,
                "one JSON object (duration_s, ops, faults_injected, wrong_bytes, "
                "unexpected_errors, expected_errors, rss_growth_bytes, fd_growth, ...; "

@@ -270,12 +270,19 @@ bool DiskTier::QueuePromote(std::string_view key) {
 bool DiskTier::Promoted(std::string_view key, const std::string& client_id) {
   if (!active()) return false;
   MutexLock lock(mu_);
-  if (auto p = promoting_.find(key); p != promoting_.end()) promoting_.erase(p);
+  bool asked = false;
+  if (auto p = promoting_.find(key); p != promoting_.end()) {
+    promoting_.erase(p);
+    asked = true;
+  }
   auto it = copies_.find(key);
-  if (it == copies_.end() || holders_[it->second.holder].client_id != client_id) return false;
-  promoted_.insert_or_assign(std::string(key), Clock::now() + options_.promoted_grace);
-  promoted_count_.store(promoted_.size(), std::memory_order_relaxed);
-  return true;
+  const bool own = it != copies_.end() && holders_[it->second.holder].client_id == client_id;
+  if (own || asked) {
+    // Readers wait for it (even if its copy left the disk meanwhile), and eviction spares it.
+    promoted_.insert_or_assign(std::string(key), Clock::now() + options_.promoted_grace);
+    promoted_count_.store(promoted_.size(), std::memory_order_relaxed);
+  }
+  return own;
 }
 
 bool DiskTier::JustPromoted(std::string_view key) {

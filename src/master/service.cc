@@ -178,15 +178,24 @@ class MasterService final : public proto::Master::Service {
   void AnswerFromDisk(const proto::BatchKeysRequest& request, std::vector<GetOutcome>* items) {
     for (size_t i = 0; i < items->size(); ++i) {
       GetOutcome& outcome = (*items)[i];
-      // A key being written while it has a disk copy is that copy coming back: any other put of
-      // the key dropped the copy when it started.
-      const bool promoting = outcome.status.detail() == ErrorDetail::kBeingWritten;
+      // A key being written while it has a disk copy is that copy coming back (any other put of
+      // the key dropped the copy when it started), as is one whose promotion has just begun (its
+      // copy may have left the disk meanwhile): the reader waits for it as for a promotion.
+      const bool being_written = outcome.status.detail() == ErrorDetail::kBeingWritten;
       if (outcome.status.code() != StatusCode::kNotFound &&
-          outcome.status.detail() != ErrorDetail::kRebuilding && !promoting) {
+          outcome.status.detail() != ErrorDetail::kRebuilding && !being_written) {
         continue;
       }
       const std::string& key = request.keys(static_cast<int>(i));
       std::optional<uint64_t> size = state_->disk().Find(key);
+      const bool promoting =
+          being_written && !request.metadata_only() && (size || state_->disk().JustPromoted(key));
+      if (promoting && !size) {
+        outcome.status =
+            UnavailableError("key " + QuoteKey(key) + " is on disk; its holder is bringing it back")
+                .WithDetail(ErrorDetail::kOnDisk);
+        continue;
+      }
       if (!size) continue;
       outcome.size = *size;
       if (request.metadata_only()) {

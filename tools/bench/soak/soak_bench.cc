@@ -206,12 +206,17 @@ class SoakRun {
 
   Status StartClient(size_t slot) {
     Client& client = clients_[slot];
+    std::map<std::string, std::string> env = ChildEnv();
+    if (!options_.disk_path.empty()) {
+      env["LARDER_DISK_PATH"] = options_.disk_path + "/slot-" + std::to_string(slot);
+      env["LARDER_DISK_CAPACITY"] = std::to_string(options_.disk_capacity);
+    }
     LARDER_ASSIGN_OR_RETURN(
         client.process,
         ChildProcess::Spawn({SelfExecutable(), "store-worker", "--master", master_process_.address,
                              "--segment-size", std::to_string(options_.segment_size), "--protocol",
                              options_.protocol, "--segment-name", client.segment},
-                            ChildEnv(), seconds(90)));
+                            env, seconds(90)));
     client.tracked.Started(client.process.pid(), NowNs());
     client.prefix =
         "soak/" + std::to_string(slot) + "." + std::to_string(client.tracked.incarnation) + "/";
@@ -448,6 +453,7 @@ class SoakRun {
     out["duration_s"] = duration_s_;
     out["clients"] = options_.clients;
     out["protocol"] = options_.protocol;
+    if (!options_.disk_path.empty()) out["disk_capacity"] = options_.disk_capacity;
     for (const char* count : kCounts) out[count] = totals_.at(count);
     out["ops_per_s"] = duration_s_ > 0 ? totals_.at("ops").get<double>() / duration_s_ : 0;
     out["faults_injected"] = faults_.size();

@@ -67,6 +67,11 @@ struct SoakBenchOptions {
   std::string protocol = "auto";
   // The larder-master binary; empty (default): larder-master beside this executable.
   std::string master_binary;
+  // The disk tier (docs/disk-tier.md): each client slot holds DIR/slot-<n> (kept across the
+  // slot's restarts, so that a killed holder restarts on its own disk), disk_capacity bytes each.
+  // Empty (default): memory only.
+  std::string disk_path;
+  uint64_t disk_capacity = 256ull << 20;
   // One JSON object on stdout instead of a table (progress goes to stderr).
   bool json = false;
 };
