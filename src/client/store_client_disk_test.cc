@@ -53,11 +53,12 @@ class DiskTierTest : public ::testing::Test {
     std::filesystem::remove_all(dir_, ignored);
   }
 
-  void StartMaster(uint16_t port) {
+  void StartMaster(uint16_t port, master::MasterOptions options = {}) {
     master::MasterServerOptions server;
     server.listen_host = "127.0.0.1";
     server.port = port;
     server.http_port = -1;
+    server.master = std::move(options);
     auto started = master::MasterServer::Start(server);
     ASSERT_TRUE(started.ok()) << started.status();
     master_ = std::move(*started);
@@ -298,6 +299,29 @@ TEST_F(DiskTierTest, MasterRestartKeepsTheDiskCopies) {
     ASSERT_TRUE(got.ok()) << key << ": " << got.status();
     EXPECT_TRUE(test::VerifyValue(key, std::as_bytes(std::span(*got)))) << key;
   }
+}
+
+// A slow disk (every I/O batch 2 s late, longer than the client TTL of 1.5 s) delays demotions,
+// never a client's heartbeats: no client expires while the holder works through its writes.
+TEST_F(DiskTierTest, ASlowDiskExpiresNoClient) {
+  master_.reset();
+  master::MasterOptions options;
+  options.client_ttl = milliseconds(1500);
+  StartMaster(0, options);
+  ASSERT_NE(master_, nullptr);
+  ASSERT_EQ(setenv("LARDER_DISK_TEST_IO_DELAY", "2s", 1), 0);
+  StoreClient* holder = Client(dir_ + "/disk");
+  unsetenv("LARDER_DISK_TEST_IO_DELAY");
+  ASSERT_NE(holder, nullptr);
+  ASSERT_TRUE(test::WaitUntil([&] { return tier().active(); }, milliseconds(10000)));
+  for (int i = 0; i < kObjects / 2; ++i) {
+    ASSERT_TRUE(holder->Put(Key(i), Value(Key(i))).ok());
+  }
+  // Two write batches at least: over 4 s of a disk slower than the TTL.
+  ASSERT_TRUE(
+      test::WaitUntil([&] { return tier().counters().demoted.load() > 8; }, milliseconds(60000)));
+  EXPECT_EQ(master_->state().Stats().client_expiries, 0u);
+  EXPECT_TRUE(holder->Get(Key(kObjects / 2 - 1)).ok());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #define XXH_INLINE_ALL
@@ -208,6 +209,9 @@ Result<DiskOptions> DiskOptionsFromEnv(DiskOptions base) {
       return InvalidArgumentError("LARDER_DISK_IO_URING='" + uring + "': 0 or 1");
     }
     options.io_uring = uring == "1";
+  }
+  if (std::string delay = GetEnv("LARDER_DISK_TEST_IO_DELAY"); !delay.empty()) {
+    LARDER_ASSIGN_OR_RETURN(options.test_io_delay, ParseDuration(delay));
   }
   return options;
 }
@@ -670,6 +674,7 @@ std::vector<Status> DiskStore::Impl::WriteRecords(std::span<const DiskWrite> ite
       ops.push_back(IoOp{fds[j], true, buffer.data(), p.bytes, p.offset});
       buffers.push_back(std::move(buffer));
     }
+    if (options.test_io_delay.count() > 0) std::this_thread::sleep_for(options.test_io_delay);
     io->Run(ops);
     // Durable before any key enters the index.
     std::map<int, Status> synced;
@@ -801,6 +806,7 @@ void DiskStore::Impl::ReadRound(std::span<const DiskRead> items, std::span<const
     if (job.bounce.data() != nullptr) std::memcpy(item.dst, job.bounce.data(), job.entry.size);
     (*results)[job.item] = job.entry.size;
   };
+  if (options.test_io_delay.count() > 0) std::this_thread::sleep_for(options.test_io_delay);
   io->Run(ops, [&](size_t op) {
     const size_t j = job_of[op];
     if (op != value_op[j]) jobs[j].head_result = ops[op].result;

@@ -28,6 +28,7 @@
 // callers keep it off threads that serve heartbeats, leases or RPCs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,6 +56,9 @@ struct DiskOptions {
   unsigned queue_depth = 32;
   DirectIo direct_io = DirectIo::kAuto;  // kAuto: O_DIRECT where the file system takes it
   bool io_uring = true;                  // false: pread/pwrite
+  // Tests only: every batch of reads or writes waits this long first, as on a slow disk
+  // (LARDER_DISK_TEST_IO_DELAY, e.g. "300ms").
+  std::chrono::milliseconds test_io_delay{0};
   // Told the keys of a region about to be reclaimed, before its bytes go (from the thread that
   // writes). Empty: nobody needs telling.
   std::function<void(std::span<const std::string> keys)> on_evict;
