@@ -564,8 +564,7 @@ void BindStore(py::module_& module) {
                        py::object protocol, py::object replica_num, py::object auth_token,
                        py::object host_id, py::object heartbeat_interval, py::object rpc_timeout,
                        py::object transfer_timeout, py::object tenant_id,
-                       py::object connect_timeout, py::object disk_path,
-                       py::object disk_capacity) {
+                       py::object connect_timeout, py::object disk_path, py::object disk_capacity) {
              return std::make_unique<PyStore>(MakeOptions(
                  master, local_hostname, segment_name, global_segment_size, local_buffer_size,
                  protocol, replica_num, auth_token, host_id, heartbeat_interval, rpc_timeout,

@@ -12,9 +12,9 @@
 namespace larder::master {
 
 namespace {
-// Puts and polls look for objects to demote at most this often (ns): a pool that puts turn over
-// quickly needs its next demotions chosen long before the sweeper's next round.
-constexpr int64_t kDemoteScheduleInterval = 2'000'000;
+// Puts and polls have objects to demote looked for at most this often: a pool that puts turn
+// over quickly needs its next demotions chosen long before the next sweep interval.
+constexpr std::chrono::milliseconds kDemoteScheduleInterval{2};
 // Objects one sweep looks at per shard, oldest first.
 constexpr size_t kMinDemoteWalk = 16;
 constexpr size_t kMaxDemoteWalk = 1024;
@@ -32,17 +32,31 @@ bool MasterState::HasObject(std::string_view key) const {
   return shard.Find(ref) != nullptr;
 }
 
-void MasterState::MaybeScheduleDemotions() {
+void MasterState::KickDemotions() {
   if (!disk_.active() || options_.disk.demote_watermark >= 1.0) return;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  int64_t last = last_demotion_schedule_.load(std::memory_order_relaxed);
-  if (now - last < kDemoteScheduleInterval ||
-      !last_demotion_schedule_.compare_exchange_strong(last, now)) {
-    return;  // ran a moment ago, or another thread runs it now
+  if (demotion_kicked_.exchange(true, std::memory_order_acq_rel)) return;  // a kick is pending
+  MutexLock lock(demotion_mu_);
+  demotion_cv_.SignalAll();
+}
+
+void MasterState::DemotionLoop() {
+  MutexLock lock(demotion_mu_);
+  while (!demotion_stopping_) {
+    // Woken by a kick, else once a sweep interval.
+    const auto deadline = std::chrono::steady_clock::now() + options_.sweep_interval;
+    while (!demotion_stopping_ && !demotion_kicked_.load(std::memory_order_acquire) &&
+           demotion_cv_.WaitUntil(lock, deadline)) {
+    }
+    if (demotion_stopping_) break;
+    demotion_kicked_.store(false, std::memory_order_release);
+    lock.Unlock();
+    ScheduleDemotions();
+    lock.Lock();
+    // At most once every kDemoteScheduleInterval, however many puts kick.
+    const auto rest = std::chrono::steady_clock::now() + kDemoteScheduleInterval;
+    while (!demotion_stopping_ && demotion_cv_.WaitUntil(lock, rest)) {
+    }
   }
-  ScheduleDemotions();
 }
 
 void MasterState::ScheduleDemotions() {

@@ -26,7 +26,6 @@ void MasterState::RunMaintenance() {
   ReleaseQuarantine(now);
   EvictAboveWatermark();
   disk_.Sweep();
-  ScheduleDemotions();
   EndRecoveryWindow(now);
   SampleRates(now);
 }

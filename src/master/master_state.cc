@@ -59,11 +59,18 @@ MasterState::~MasterState() {
   }
   sweeper_cv_.SignalAll();
   if (sweeper_.joinable()) sweeper_.join();
+  {
+    MutexLock lock(demotion_mu_);
+    demotion_stopping_ = true;
+    demotion_cv_.SignalAll();
+  }
+  if (demoter_.joinable()) demoter_.join();
 }
 
 void MasterState::StartSweeper() {
   if (sweeper_.joinable()) return;
   sweeper_ = std::thread([this] { SweeperLoop(); });
+  demoter_ = std::thread([this] { DemotionLoop(); });
 }
 
 void MasterState::SweeperLoop() {

@@ -89,11 +89,11 @@ class MasterState {
   // Whether an object of `key` is in memory, complete or being written.
   bool HasObject(std::string_view key) const;
   // Queues demotions of the least recently used objects once memory use passes the disk tier's
-  // demote watermark (demotion.cc). The sweeper calls it every round, a holder's poll before it
-  // takes its work.
+  // demote watermark (demotion.cc). Runs on the demotion thread (StartSweeper starts it), once a
+  // sweep interval and when kicked.
   void ScheduleDemotions();
-  // As ScheduleDemotions, at most once every 2 ms however many threads call (puts, polls).
-  void MaybeScheduleDemotions();
+  // Wakes the demotion thread (puts, holders' polls): cheap, never blocks on its work.
+  void KickDemotions();
 
   // ---- clients and segments (clients.cc) ----
 
@@ -453,10 +453,16 @@ class MasterState {
   void ReleaseQuarantine(int64_t now);
   void EvictAboveWatermark();
   void SweeperLoop();
+  void DemotionLoop();
 
   const MasterOptions options_;
   DiskTier disk_{options_.disk};
-  std::atomic<int64_t> last_demotion_schedule_{0};  // steady clock, ns
+  // The demotion thread (demotion.cc): kicked by puts and polls.
+  std::atomic<bool> demotion_kicked_{false};
+  Mutex demotion_mu_;
+  CondVar demotion_cv_;
+  bool demotion_stopping_ LARDER_GUARDED_BY(demotion_mu_) = false;
+  std::thread demoter_;
   const uint64_t incarnation_;
   const size_t shard_count_;
   std::unique_ptr<Shard[]> shards_;

@@ -476,7 +476,7 @@ class MasterService final : public proto::Master::Service {
       }
       state_->disk().Invalidate(replaced);
       // Puts are what turns the pool over: the next demotions are chosen as they come.
-      state_->MaybeScheduleDemotions();
+      state_->KickDemotions();
     }
     reply->mutable_results()->Reserve(static_cast<int>(results->size()));
     for (const PutStartOutcome& outcome : *results) {
@@ -653,7 +653,7 @@ class MasterService final : public proto::Master::Service {
     if (!host.ok()) return ToGrpc(host.status());
     // A busy holder polls again as soon as it reported: its next work is chosen now, not at the
     // sweeper's next round.
-    state_->MaybeScheduleDemotions();
+    state_->KickDemotions();
     auto tasks = state_->disk().Poll(request->client_id(), *host, HolderReport(request->holder()),
                                      std::chrono::milliseconds(request->wait_ms()));
     if (!tasks.ok()) return ToGrpc(tasks.status());
