@@ -223,7 +223,9 @@ int ShowStatus(const Global& global) {
               << disk.value("demote_failed", uint64_t{0}) << " failed, "
               << disk.value("queue_full", uint64_t{0}) << " left to eviction), "
               << disk.value("disk_hits", uint64_t{0}) << " disk hits, "
-              << disk.value("promotions", uint64_t{0}) << " promotions\n";
+              << disk.value("promotions", uint64_t{0}) << " promotions (p50 "
+              << disk.value("promotion_p50_ms", 0.0) << " ms, p99 "
+              << disk.value("promotion_p99_ms", 0.0) << " ms)\n";
   }
   return 0;
 }

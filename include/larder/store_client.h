@@ -133,6 +133,10 @@ struct LARDER_EXPORT PutConfig {
   // Upsert: replace the value of a stored key (readers that hold the old value finish reading
   // it) instead of leaving it unchanged. A key another client is writing: Unavailable.
   bool overwrite = false;
+  // The disk tier (docs/disk-tier.md): write the object to its host's disk as soon as its put
+  // ends, whatever the master's demotion watermark, so that it survives eviction from the moment
+  // the put returns plus one disk write. No holder on the host: as without it.
+  bool disk_write_through = false;
 };
 
 // A piece of caller memory that holds (or receives) part of an object's bytes.

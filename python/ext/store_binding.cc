@@ -28,7 +28,7 @@ namespace {
 PutConfig MakePutConfig(uint32_t replica_num,
                         const std::optional<std::vector<std::string>>& preferred_segments, bool pin,
                         py::handle soft_pin = py::none(), py::handle soft_pin_ttl = py::none(),
-                        bool overwrite = false) {
+                        bool overwrite = false, bool disk_write_through = false) {
   PutConfig config;
   config.replica_num = replica_num;
   if (preferred_segments) config.preferred_segments = *preferred_segments;
@@ -55,6 +55,7 @@ PutConfig MakePutConfig(uint32_t replica_num,
   }
   if (!soft_pin_ttl.is_none()) config.soft_pin_ttl = ToMilliseconds(soft_pin_ttl, "soft_pin_ttl");
   config.overwrite = overwrite;
+  config.disk_write_through = disk_write_through;
   return config;
 }
 
@@ -634,15 +635,16 @@ UnavailableError when no daemon serves the socket.)doc")
           "put",
           [](PyStore& self, const std::string& key, py::handle value, uint32_t replica_num,
              std::optional<std::vector<std::string>> preferred_segments, bool pin,
-             py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite) {
+             py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite,
+             bool disk_write_through) {
             self.Put(key, value,
                      MakePutConfig(replica_num, preferred_segments, pin, soft_pin, soft_pin_ttl,
-                                   overwrite));
+                                   overwrite, disk_write_through));
           },
           py::arg("key"), py::arg("value"), py::kw_only(), py::arg("replica_num") = 0,
           py::arg("preferred_segments") = py::none(), py::arg("pin") = false,
           py::arg("soft_pin") = py::none(), py::arg("soft_pin_ttl") = py::none(),
-          py::arg("overwrite") = false,
+          py::arg("overwrite") = false, py::arg("disk_write_through") = false,
           R"doc(Stores ``value`` (any bytes-like object) under ``key``.
 
 Succeeds without rewriting when the key already exists, unless ``overwrite`` (an upsert: the
@@ -651,7 +653,9 @@ the store's default; ``preferred_segments`` lists segment names to place replica
 pinned objects are never evicted (only remove deletes them). ``soft_pin``: True / "enable"
 soft-pins the object (evicted only after every unpinned one) for ``soft_pin_ttl`` (seconds or
 "30m"; default: the master's), False / "disable" unpins it, None / "preserve" keeps an
-overwritten key's pin. The same keywords work on every put method.
+overwritten key's pin. ``disk_write_through`` writes the object to its host's disk tier as soon
+as the put ends, whatever the master's demotion watermark. The same keywords work on every put
+method.
 
 Raises InvalidArgumentError (empty key or value), ResourceExhaustedError (pool full),
 UnavailableError (master or peer unreachable: retry).)doc")
@@ -667,15 +671,16 @@ UnavailableError (master or peer unreachable: retry).)doc")
           "batch_put",
           [](PyStore& self, const std::vector<std::string>& keys, const py::sequence& values,
              uint32_t replica_num, std::optional<std::vector<std::string>> preferred_segments,
-             bool pin, py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite) {
+             bool pin, py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite,
+             bool disk_write_through) {
             return self.BatchPut(keys, values,
                                  MakePutConfig(replica_num, preferred_segments, pin, soft_pin,
-                                               soft_pin_ttl, overwrite));
+                                               soft_pin_ttl, overwrite, disk_write_through));
           },
           py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("replica_num") = 0,
           py::arg("preferred_segments") = py::none(), py::arg("pin") = false,
           py::arg("soft_pin") = py::none(), py::arg("soft_pin_ttl") = py::none(),
-          py::arg("overwrite") = false,
+          py::arg("overwrite") = false, py::arg("disk_write_through") = false,
           "Stores every value under its key in one master round trip. Returns a list with None "
           "for each stored key and the LarderError of each failed one.")
       .def("batch_get", &PyStore::BatchGet, py::arg("keys"),
@@ -695,15 +700,16 @@ registered buffer.)doc")
           "put_from",
           [](PyStore& self, const std::string& key, py::handle buffer, py::handle size,
              uint32_t replica_num, std::optional<std::vector<std::string>> preferred_segments,
-             bool pin, py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite) {
+             bool pin, py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite,
+             bool disk_write_through) {
             self.PutFrom(key, buffer, size,
                          MakePutConfig(replica_num, preferred_segments, pin, soft_pin, soft_pin_ttl,
-                                       overwrite));
+                                       overwrite, disk_write_through));
           },
           py::arg("key"), py::arg("buffer"), py::arg("size") = py::none(), py::kw_only(),
           py::arg("replica_num") = 0, py::arg("preferred_segments") = py::none(),
           py::arg("pin") = false, py::arg("soft_pin") = py::none(),
-          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false,
+          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false, py::arg("disk_write_through") = false,
           "Stores ``size`` bytes (default: the whole buffer) read straight from registered memory. "
           "Raises FailedPreconditionError when the range is not inside a registered buffer, and "
           "as put otherwise.")
@@ -718,15 +724,16 @@ registered buffer.)doc")
           [](PyStore& self, const std::vector<std::string>& keys, const py::sequence& buffers,
              py::handle sizes, uint32_t replica_num,
              std::optional<std::vector<std::string>> preferred_segments, bool pin,
-             py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite) {
+             py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite,
+             bool disk_write_through) {
             return self.BatchPutFrom(keys, buffers, sizes,
                                      MakePutConfig(replica_num, preferred_segments, pin, soft_pin,
-                                                   soft_pin_ttl, overwrite));
+                                                   soft_pin_ttl, overwrite, disk_write_through));
           },
           py::arg("keys"), py::arg("buffers"), py::arg("sizes") = py::none(), py::kw_only(),
           py::arg("replica_num") = 0, py::arg("preferred_segments") = py::none(),
           py::arg("pin") = false, py::arg("soft_pin") = py::none(),
-          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false,
+          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false, py::arg("disk_write_through") = false,
           "put_from for many keys in one master round trip and one transfer batch. ``buffers`` "
           "holds addresses or bytes-like objects; ``sizes`` is required with addresses. Returns "
           "None or the LarderError per key.")
@@ -739,15 +746,16 @@ registered buffer.)doc")
           [](PyStore& self, const std::vector<std::string>& keys, const py::sequence& buffers,
              py::handle sizes, uint32_t replica_num,
              std::optional<std::vector<std::string>> preferred_segments, bool pin,
-             py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite) {
+             py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite,
+             bool disk_write_through) {
             return self.BatchPutFromSlices(keys, buffers, sizes,
                                            MakePutConfig(replica_num, preferred_segments, pin,
-                                                         soft_pin, soft_pin_ttl, overwrite));
+                                                         soft_pin, soft_pin_ttl, overwrite, disk_write_through));
           },
           py::arg("keys"), py::arg("buffers"), py::arg("sizes") = py::none(), py::kw_only(),
           py::arg("replica_num") = 0, py::arg("preferred_segments") = py::none(),
           py::arg("pin") = false, py::arg("soft_pin") = py::none(),
-          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false,
+          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false, py::arg("disk_write_through") = false,
           "Scatter-gather put: the value of keys[i] is the concatenation of the registered "
           "buffers buffers[i] (objects, or addresses with sizes[i]), e.g. one slice per layer of "
           "a layer-first KV pool. Returns None or the LarderError per key.")

@@ -1,13 +1,15 @@
 # Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 """larder.Store: every method, its buffer forms, and its errors."""
 
+import json
 import threading
+import urllib.request
 
 import numpy as np
 import pytest
 
 import larder
-from conftest import wait_until
+from conftest import Master, wait_until
 
 
 # ---- construction and lifetime ----
@@ -366,3 +368,24 @@ def test_master_down(fresh_master, prefix):
     assert all(isinstance(r, larder.UnavailableError) for r in s.batch_exist([prefix + "k"] * 2))
     s.close()  # does not hang without a master
 
+
+
+def _disk_demotions(http_port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/summary", timeout=5) as reply:
+        return json.load(reply)["disk"]["demoted"]
+
+
+def test_disk_write_through(tmp_path, prefix):
+    """A put with disk_write_through is written to the holder's disk when it ends, even on a
+    master that demotes nothing by itself (--disk-demote-watermark 1); a plain put is not."""
+    m = Master("--disk-demote-watermark", "1", http=True)
+    try:
+        with larder.Store(m.address, global_segment_size="32MiB", rpc_timeout=5,
+                          disk_path=str(tmp_path / "disk"), disk_capacity="64MiB") as s:
+            s.put(prefix + "behind", b"b" * 4096)
+            s.put(prefix + "through", b"t" * 4096, disk_write_through=True)
+            wait_until(lambda: _disk_demotions(m.http_port) >= 1, "the write-through demotion")
+            assert _disk_demotions(m.http_port) == 1
+            assert s.get(prefix + "through") == b"t" * 4096
+    finally:
+        m.stop()

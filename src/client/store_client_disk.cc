@@ -257,17 +257,12 @@ void StoreClientImpl::Promote(const std::vector<std::string>& keys) {
     if (!segment_name_.empty()) config.preferred_segments = {segment_name_};
     std::vector<Status> put =
         PutImpl(put_keys, pieces, config, CallScope{.master_keys = true, .promotion = true});
-    std::vector<disk::DiskWrite> refresh;
     for (size_t j = 0; j < put_keys.size(); ++j) {
       if (!put[j].ok()) {
         Log().debug("disk tier: promoting '{}': {}", put_keys[j], put[j].ToString());
         report.add_failed(put_keys[j]);
       }
-      refresh.push_back(disk::DiskWrite{put_keys[j], slices[j].ptr, slices[j].size});
     }
-    // A copy read again is in use: moved to the head of the log (when it is near the tail) so
-    // that region reclaim takes the copies nobody reads first.
-    disk_->Refresh(refresh);
     if (report.evicted_size() + report.failed_size() > 0) {
       if (Status status = SendDiskReport(&report); !status.ok()) {
         Log().warn("disk tier: reporting {} promotions: {}", n, status.ToString());

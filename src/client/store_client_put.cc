@@ -40,6 +40,7 @@ std::vector<Status> StoreClientImpl::PutImpl(std::span<const std::string> keys,
   }
   request.set_upsert(config.overwrite);
   request.set_promotion(scope.promotion);
+  request.set_write_through(config.disk_write_through);
   AddUnreachable(&request);
   Status status = Rpc("BatchPutStart", &Stub::BatchPutStart, &request, &reply);
   if (status.ok()) status = CheckPutStartReply(reply, keys.size());

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -34,69 +35,106 @@ namespace larder::disk {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x3152444c;  // "LDR1"
-constexpr uint16_t kFormat = 1;
+constexpr uint32_t kMagic = 0x3252444c;  // "LDR2"
+constexpr uint16_t kFormat = 2;
 constexpr uint16_t kTombstone = 1;
 constexpr uint32_t kMaxKeyBytes = 64 * 1024;
+// The reads a record's count keeps (two bits of frequency): a record read that often since written
+// survives that many reclaims of its region without another read.
+constexpr uint8_t kMaxUses = 3;
 // The bounce memory one batch round may take: larger batches go in rounds.
 constexpr uint64_t kRoundBytes = 64ull << 20;
 
-struct Header {
+// A batch's summary starts with this, and then has one RecordHeader and its key per record.
+struct BatchHeader {
   uint32_t magic;
   uint16_t format;
-  uint16_t flags;
+  uint16_t reserved16;
+  uint32_t count;  // records
+  uint32_t reserved32;
+  uint64_t summary_bytes;  // this header, the record headers and keys, before padding
+  uint64_t values_bytes;   // the values after the padded summary, each padded
+  uint64_t summary_hash;   // XXH3 of the summary, this field zero
+  uint8_t zero[24];
+};
+static_assert(sizeof(BatchHeader) == 64);
+
+struct RecordHeader {
   uint32_t key_len;
-  uint32_t reserved;
+  uint16_t flags;
+  uint16_t reserved;
   uint64_t value_len;
   uint64_t generation;
   uint64_t value_hash;
-  uint64_t header_hash;
-  uint8_t zero[16];
 };
-static_assert(sizeof(Header) == 64);
+static_assert(sizeof(RecordHeader) == 32);
 
-uint64_t HeadBytes(uint64_t key_len) { return AlignUp(sizeof(Header) + key_len); }
-uint64_t RecordBytes(uint64_t key_len, uint64_t value_len) {
-  return HeadBytes(key_len) + AlignUp(value_len);
+// What a record adds to its batch's summary.
+uint64_t SummaryBytes(uint64_t key_len) { return sizeof(RecordHeader) + key_len; }
+// The space a batch of one record takes: the most any record may need.
+uint64_t LoneRecordBytes(uint64_t key_len, uint64_t value_len) {
+  return AlignUp(sizeof(BatchHeader) + SummaryBytes(key_len)) + AlignUp(value_len);
 }
 
-uint64_t HeaderHash(Header header, std::string_view key) {
-  header.header_hash = 0;
-  return XXH3_64bits_withSeed(key.data(), key.size(), XXH3_64bits(&header, sizeof(header)));
+uint64_t SummaryHash(const std::byte* summary, uint64_t bytes) {
+  BatchHeader header;
+  std::memcpy(&header, summary, sizeof(header));
+  header.summary_hash = 0;
+  return XXH3_64bits_withSeed(summary + sizeof(header), bytes - sizeof(header),
+                              XXH3_64bits(&header, sizeof(header)));
 }
 
-// Fills `head` (HeadBytes(key.size()) bytes) with a record's header and key, zero padded.
-void FillHead(std::byte* head, std::string_view key, uint64_t value_len, uint64_t generation,
-              uint64_t value_hash, uint16_t flags) {
-  Header header{};
-  header.magic = kMagic;
-  header.format = kFormat;
-  header.flags = flags;
-  header.key_len = static_cast<uint32_t>(key.size());
-  header.value_len = value_len;
-  header.generation = generation;
-  header.value_hash = value_hash;
-  header.header_hash = HeaderHash(header, key);
-  const uint64_t bytes = HeadBytes(key.size());
-  std::memset(head, 0, bytes);
-  std::memcpy(head, &header, sizeof(header));
-  std::memcpy(head + sizeof(header), key.data(), key.size());
-}
+struct ParsedRecord {
+  std::string key;
+  RecordHeader header;
+  uint64_t value_offset;  // from the batch's start
+};
 
-// The header at `head` when it is a whole, consistent record header (its key follows it in
-// `head_bytes`); nullopt otherwise.
-std::optional<Header> ParseHead(const std::byte* head, uint64_t head_bytes) {
-  Header header;
-  if (head_bytes < sizeof(header)) return std::nullopt;
-  std::memcpy(&header, head, sizeof(header));
-  if (header.magic != kMagic || header.format != kFormat || header.key_len == 0 ||
-      header.key_len > kMaxKeyBytes || (header.flags & ~kTombstone) != 0) {
+// The records of the batch summary at `summary` (`bytes` read), when it is whole and consistent:
+// its hash, every length, and values that fit in `room` bytes from the batch's start. nullopt
+// otherwise; a summary longer than `bytes` sets *need to its padded length (read that much).
+std::optional<std::vector<ParsedRecord>> ParseSummary(const std::byte* summary, uint64_t bytes,
+                                                      uint64_t room, uint64_t* need) {
+  BatchHeader header;
+  if (bytes < sizeof(header)) return std::nullopt;
+  std::memcpy(&header, summary, sizeof(header));
+  if (header.magic != kMagic || header.format != kFormat || header.count == 0 ||
+      header.summary_bytes < sizeof(header) + header.count * SummaryBytes(1) ||
+      header.summary_bytes > room || header.values_bytes > room ||
+      AlignUp(header.summary_bytes) + header.values_bytes > room) {
     return std::nullopt;
   }
-  if (HeadBytes(header.key_len) > head_bytes) return header;  // the caller reads the rest first
-  std::string_view key(reinterpret_cast<const char*>(head + sizeof(header)), header.key_len);
-  if (HeaderHash(header, key) != header.header_hash) return std::nullopt;
-  return header;
+  if (header.summary_bytes > bytes) {
+    *need = AlignUp(header.summary_bytes);
+    return std::nullopt;
+  }
+  if (SummaryHash(summary, header.summary_bytes) != header.summary_hash) return std::nullopt;
+  std::vector<ParsedRecord> records;
+  records.reserve(header.count);
+  uint64_t at = sizeof(header);
+  uint64_t value_at = AlignUp(header.summary_bytes);
+  for (uint32_t i = 0; i < header.count; ++i) {
+    ParsedRecord record;
+    if (at + sizeof(RecordHeader) > header.summary_bytes) return std::nullopt;
+    std::memcpy(&record.header, summary + at, sizeof(RecordHeader));
+    at += sizeof(RecordHeader);
+    const RecordHeader& r = record.header;
+    if (r.key_len == 0 || r.key_len > kMaxKeyBytes || at + r.key_len > header.summary_bytes ||
+        (r.flags & ~kTombstone) != 0 || ((r.flags & kTombstone) && r.value_len != 0) ||
+        r.value_len > room) {
+      return std::nullopt;
+    }
+    record.key.assign(reinterpret_cast<const char*>(summary + at), r.key_len);
+    at += r.key_len;
+    record.value_offset = value_at;
+    value_at += AlignUp(r.value_len);
+    records.push_back(std::move(record));
+  }
+  if (at != header.summary_bytes ||
+      value_at != AlignUp(header.summary_bytes) + header.values_bytes) {
+    return std::nullopt;
+  }
+  return records;
 }
 
 std::string RegionName(uint64_t seq) {
@@ -185,6 +223,14 @@ Result<DiskOptions> DiskOptionsFromEnv(DiskOptions base) {
   };
   LARDER_RETURN_IF_ERROR(fraction("LARDER_DISK_HIGH_WATERMARK", &options.high_watermark));
   LARDER_RETURN_IF_ERROR(fraction("LARDER_DISK_LOW_WATERMARK", &options.low_watermark));
+  if (std::string budget = GetEnv("LARDER_DISK_WRITE_BUDGET"); !budget.empty()) {
+    auto bytes = ParseByteSize(budget);
+    if (!bytes.ok()) {
+      return InvalidArgumentError("LARDER_DISK_WRITE_BUDGET='" + budget +
+                                  "': bytes per second, e.g. 200M (0: no limit)");
+    }
+    options.write_budget = *bytes;
+  }
   if (std::string depth = GetEnv("LARDER_DISK_QUEUE_DEPTH"); !depth.empty()) {
     char* end = nullptr;
     const unsigned long value = std::strtoul(depth.c_str(), &end, 10);
@@ -219,16 +265,20 @@ Result<DiskOptions> DiskOptionsFromEnv(DiskOptions base) {
 struct Region {
   uint64_t seq = 0;
   Fd fd;
-  uint64_t end = 0;   // the append offset
-  uint64_t pins = 0;  // reads and writes using it
+  uint64_t end = 0;      // the append offset
+  uint64_t pins = 0;     // reads and writes using it
+  bool rescued = false;  // its records read since written went to the head (Reinsert)
 };
 
 struct Entry {
   uint64_t region = 0;
-  uint64_t offset = 0;
+  uint64_t offset = 0;  // of the value
   uint64_t size = 0;
   uint64_t generation = 0;
-  uint32_t key_len = 0;
+  uint64_t value_hash = 0;
+  // Reads since written, up to kMaxUses: while above 0, reclaim writes the record again, with one
+  // less (Reinsert).
+  uint8_t uses = 0;
 };
 
 struct DiskStore::Impl {
@@ -250,6 +300,8 @@ struct DiskStore::Impl {
   uint64_t next_seq LARDER_GUARDED_BY(mu) = 1;
   uint64_t next_generation LARDER_GUARDED_BY(mu) = 1;
   uint64_t live_bytes LARDER_GUARDED_BY(mu) = 0;
+  // With a write budget: when the next write may start.
+  std::chrono::steady_clock::time_point budget_next LARDER_GUARDED_BY(write_mu){};
   DiskStats counters LARDER_GUARDED_BY(mu);
 
   std::string PathOf(const std::string& name) const { return options.path + "/" + name; }
@@ -265,11 +317,16 @@ struct DiskStore::Impl {
   void Drop(const std::string& key) LARDER_REQUIRES(mu);
   Result<uint64_t> NewRegion() LARDER_REQUIRES(write_mu);
   void Reclaim(uint64_t wanted_regions) LARDER_REQUIRES(write_mu);
-  // Writes records (tombstones when `tombstone`); statuses per item.
+  // Before Reclaim(wanted_regions) takes the oldest regions, writes their records read since
+  // written again at the head, each with one read less. True when it wrote any.
+  bool Reinsert(uint64_t wanted_regions) LARDER_REQUIRES(write_mu);
+  // Writes records (tombstones when `tombstone`); statuses per item. With `rewrite_region`, writes
+  // only the items still held, with their size, in that region (Reinsert's copies).
   std::vector<Status> WriteRecords(std::span<const DiskWrite> items, bool tombstone,
-                                   bool refresh = false) LARDER_REQUIRES(write_mu);
+                                   uint64_t rewrite_region = 0) LARDER_REQUIRES(write_mu);
+  // Reads a round of items; `use`: the reads count as uses of their records (not Reinsert's).
   void ReadRound(std::span<const DiskRead> items, std::span<const size_t> which,
-                 std::vector<Result<uint64_t>>* results);
+                 std::vector<Result<uint64_t>>* results, bool use = true);
 };
 
 Status DiskStore::Impl::TakeLock() {
@@ -381,41 +438,39 @@ void DiskStore::Impl::Drop(const std::string& key) {
 Status DiskStore::Impl::ScanRegion(uint64_t seq, Region* region) {
   struct stat st {};
   if (fstat(region->fd.get(), &st) != 0) return ErrnoToStatus(errno, "fstat region");
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  const auto file_size = std::min<uint64_t>(static_cast<uint64_t>(st.st_size), region_size);
   AlignedBuffer head(kBlock);
   uint64_t offset = 0;
+  // Batch by batch, up to the first that is not whole: what a crash left half written.
   while (offset + kBlock <= file_size) {
     IoOp op{region->fd.get(), false, head.data(), kBlock, offset};
     io->Run(std::span(&op, 1));
     if (op.result != static_cast<int64_t>(kBlock)) break;
-    auto header = ParseHead(head.data(), kBlock);
-    if (!header) break;
-    const uint64_t head_bytes = HeadBytes(header->key_len);
-    const uint64_t record = head_bytes + AlignUp(header->value_len);
-    if (header->value_len > region_size || offset + record > file_size) break;
-    AlignedBuffer whole;
-    const std::byte* at = head.data();
-    if (head_bytes > kBlock) {  // a long key: read its whole head, and check it
-      whole = AlignedBuffer(head_bytes);
-      IoOp rest{region->fd.get(), false, whole.data(), head_bytes, offset};
+    uint64_t need = 0;
+    const uint64_t room = file_size - offset;
+    auto records = ParseSummary(head.data(), kBlock, room, &need);
+    if (!records && need > 0) {  // a summary of more than a block: read it whole
+      AlignedBuffer whole(need);
+      IoOp rest{region->fd.get(), false, whole.data(), need, offset};
       io->Run(std::span(&rest, 1));
-      if (rest.result != static_cast<int64_t>(head_bytes)) break;
-      header = ParseHead(whole.data(), head_bytes);
-      if (!header) break;
-      at = whole.data();
+      if (rest.result != static_cast<int64_t>(need)) break;
+      records = ParseSummary(whole.data(), need, room, &need);
     }
-    std::string key(reinterpret_cast<const char*>(at + sizeof(Header)), header->key_len);
-    if (header->flags & kTombstone) {
-      auto it = index.find(key);
-      if (it != index.end() && it->second.generation < header->generation) Drop(key);
-    } else {
-      auto it = index.find(key);
-      if (it == index.end() || it->second.generation < header->generation) {
-        Place(key, Entry{seq, offset, header->value_len, header->generation, header->key_len});
+    if (!records) break;
+    BatchHeader batch;
+    std::memcpy(&batch, head.data(), sizeof(batch));
+    for (ParsedRecord& record : *records) {
+      const RecordHeader& r = record.header;
+      auto it = index.find(record.key);
+      if (r.flags & kTombstone) {
+        if (it != index.end() && it->second.generation < r.generation) Drop(record.key);
+      } else if (it == index.end() || it->second.generation < r.generation) {
+        Place(record.key,
+              Entry{seq, offset + record.value_offset, r.value_len, r.generation, r.value_hash});
       }
+      next_generation = std::max(next_generation, r.generation + 1);
     }
-    next_generation = std::max(next_generation, header->generation + 1);
-    offset += record;
+    offset += AlignUp(batch.summary_bytes) + batch.values_bytes;
   }
   region->end = offset;
   return Status::Ok();
@@ -524,25 +579,75 @@ void DiskStore::Impl::Reclaim(uint64_t wanted_regions) {
   }
 }
 
+bool DiskStore::Impl::Reinsert(uint64_t wanted_regions) {
+  // The regions that Reclaim(wanted_regions) would take, down to the low watermark, and one more:
+  // rescued a region early, the rewrites find room without reclaiming the region they come from.
+  const auto limit =
+      static_cast<uint64_t>(options.low_watermark * static_cast<double>(capacity)) / region_size;
+  bool wrote = false;
+  for (;;) {
+    uint64_t seq = 0;
+    std::vector<std::string> keys;
+    std::vector<uint64_t> sizes;
+    {
+      MutexLock lock(mu);
+      if (static_cast<double>((regions.size() + wanted_regions + 1) * region_size) <=
+          options.high_watermark * static_cast<double>(capacity)) {
+        return wrote;  // no reclaim coming
+      }
+      const uint64_t victims =
+          regions.size() + wanted_regions + 1 - std::min(limit, regions.size());
+      auto victim = std::find_if(regions.begin(), regions.end(),
+                                 [](const auto& region) { return !region.second.rescued; });
+      // Only the regions reclaim would take, and never the one being written.
+      if (victim == regions.end() ||
+          static_cast<uint64_t>(std::distance(regions.begin(), victim)) >= victims ||
+          std::next(victim) == regions.end()) {
+        return wrote;
+      }
+      victim->second.rescued = true;
+      seq = victim->first;
+      for (const auto& [key, entry] : index) {
+        if (entry.region == seq && entry.uses > 0) {
+          keys.push_back(key);
+          sizes.push_back(entry.size);
+        }
+      }
+    }
+    if (keys.empty()) continue;
+    std::vector<AlignedBuffer> buffers;
+    std::vector<DiskRead> reads;
+    buffers.reserve(keys.size());
+    reads.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      buffers.emplace_back(AlignUp(sizes[i]));
+      reads.push_back(DiskRead{keys[i], buffers.back().data(), buffers.back().size()});
+    }
+    std::vector<size_t> which(keys.size());
+    std::iota(which.begin(), which.end(), 0);
+    std::vector<Result<uint64_t>> read(keys.size(), Result<uint64_t>(uint64_t{0}));
+    ReadRound(reads, which, &read, /*use=*/false);
+    std::vector<DiskWrite> writes;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (read[i].ok()) writes.push_back(DiskWrite{keys[i], buffers[i].data(), *read[i]});
+    }
+    size_t written = 0;
+    for (const Status& status : WriteRecords(writes, false, seq)) written += status.ok();
+    wrote = true;
+    MutexLock lock(mu);
+    counters.reinserted += written;
+    Log().debug("disk tier: region {}: {} record(s) read since written go to the head", seq,
+                written);
+  }
+}
+
 std::vector<Status> DiskStore::Impl::WriteRecords(std::span<const DiskWrite> items, bool tombstone,
-                                                  bool refresh) {
+                                                  uint64_t rewrite_region) {
   std::vector<Status> results(items.size());
-  // Plan: which items need writing, and where.
-  struct Planned {
-    size_t item;
-    uint64_t region;
-    uint64_t offset;
-    uint64_t bytes;
-    uint64_t generation;
-  };
-  std::vector<size_t> todo;
+  std::vector<size_t> todo;  // the items that need writing
   {
     MutexLock lock(mu);
     std::unordered_map<std::string_view, size_t> first;
-    // A refresh rewrites the records of the older half of the regions, the next to be reclaimed.
-    uint64_t older_than = 0;
-    if (refresh && !regions.empty())
-      older_than = std::next(regions.begin(), regions.size() / 2)->first;
     for (size_t i = 0; i < items.size(); ++i) {
       const DiskWrite& item = items[i];
       if (item.key.empty() || item.key.size() > kMaxKeyBytes) {
@@ -550,7 +655,7 @@ std::vector<Status> DiskStore::Impl::WriteRecords(std::span<const DiskWrite> ite
                                           " bytes (1 to " + std::to_string(kMaxKeyBytes) + ")");
         continue;
       }
-      if (RecordBytes(item.key.size(), item.size) > region_size) {
+      if (LoneRecordBytes(item.key.size(), item.size) > region_size) {
         results[i] =
             InvalidArgumentError("disk tier: value of key '" + std::string(item.key) + "' has " +
                                  std::to_string(item.size) + " bytes, more than a region (" +
@@ -558,9 +663,10 @@ std::vector<Status> DiskStore::Impl::WriteRecords(std::span<const DiskWrite> ite
         continue;
       }
       auto it = index.find(std::string(item.key));
-      if (refresh) {
-        if (it == index.end() || it->second.size != item.size || it->second.region >= older_than) {
-          continue;  // not held as it is, or young enough
+      if (rewrite_region != 0) {
+        if (it == index.end() || it->second.size != item.size ||
+            it->second.region != rewrite_region) {
+          continue;  // changed or gone since it was read
         }
       } else if (tombstone ? it == index.end()
                            : (it != index.end() && it->second.size == item.size)) {
@@ -570,40 +676,84 @@ std::vector<Status> DiskStore::Impl::WriteRecords(std::span<const DiskWrite> ite
       todo.push_back(i);
     }
   }
+  auto value_bytes = [&](size_t i) { return tombstone ? 0 : AlignUp(items[i].size); };
+  // One batch: a summary and the values of its records, written as one.
+  struct Batch {
+    int64_t region_ix = -1;  // -1: the open region; k: the round's k-th new one
+    uint64_t region = 0;
+    uint64_t start = 0;
+    uint64_t summary = 0;  // record headers and keys
+    uint64_t values = 0;
+    std::vector<size_t> members;  // items
+    std::vector<uint64_t> generations;
+    uint64_t Padded() const { return AlignUp(sizeof(BatchHeader) + summary); }
+    uint64_t End() const { return start + Padded() + values; }
+  };
   size_t next = 0;
   while (next < todo.size()) {
-    // One round: records up to kRoundBytes of bounce memory, placed in the open region or new ones.
-    std::vector<Planned> round;
-    uint64_t round_bytes = 0;
+    // One round: records up to kRoundBytes of bounce memory, in batches in the open region and
+    // then in new ones.
     uint64_t open_region = 0;
     uint64_t open_end = 0;
-    {
+    auto open = [&] {
       MutexLock lock(mu);
-      if (!regions.empty()) {
-        open_region = regions.rbegin()->first;
-        open_end = regions.rbegin()->second.end;
-      }
-    }
-    // How many new regions the round needs, before any is created (reclaim runs first).
+      open_region = regions.empty() ? 0 : regions.rbegin()->first;
+      open_end = regions.empty() ? 0 : regions.rbegin()->second.end;
+    };
+    open();
+    std::vector<Batch> batches;
     size_t count = 0;
     uint64_t need_regions = 0;
-    {
-      uint64_t end = open_region == 0 ? region_size : open_end;
+    auto plan = [&] {
+      batches.clear();
+      count = 0;
+      need_regions = 0;
+      uint64_t round_bytes = 0;
       for (size_t k = next; k < todo.size(); ++k) {
-        const DiskWrite& item = items[todo[k]];
-        const uint64_t bytes =
-            tombstone ? HeadBytes(item.key.size()) : RecordBytes(item.key.size(), item.size);
-        if (count > 0 && round_bytes + bytes > kRoundBytes) break;
-        if (end + bytes > region_size) {
-          ++need_regions;
-          end = 0;
+        const size_t i = todo[k];
+        const uint64_t summary = SummaryBytes(items[i].key.size());
+        const uint64_t value = value_bytes(i);
+        if (count > 0 && round_bytes + summary + value > kRoundBytes) break;
+        Batch* batch = batches.empty() ? nullptr : &batches.back();
+        if (batch == nullptr || batch->start +
+                                        AlignUp(sizeof(BatchHeader) + batch->summary + summary) +
+                                        batch->values + value >
+                                    region_size) {
+          Batch fresh;
+          fresh.region_ix = batch != nullptr ? batch->region_ix : -1;
+          fresh.start = batch != nullptr ? batch->End() : open_end;
+          if ((batch == nullptr && open_region == 0) ||
+              fresh.start + LoneRecordBytes(items[i].key.size(), items[i].size) > region_size) {
+            fresh.region_ix = static_cast<int64_t>(need_regions++);
+            fresh.start = 0;
+          }
+          batches.push_back(std::move(fresh));
+          batch = &batches.back();
         }
-        end += bytes;
-        round_bytes += bytes;
+        batch->summary += summary;
+        batch->values += value;
+        batch->members.push_back(i);
+        round_bytes += summary + value;
         ++count;
       }
+    };
+    plan();
+    // Second chances for the records of the regions reclaim is about to take (not for the
+    // rewrites themselves); they move the log's head, so the round is planned again.
+    if (need_regions > 0 && !tombstone && rewrite_region == 0 && Reinsert(need_regions)) {
+      open();
+      plan();
     }
-    if (need_regions > 0) Reclaim(need_regions);
+    if (need_regions > 0) {
+      Reclaim(need_regions);
+      MutexLock lock(mu);
+      if (open_region != 0 && !regions.contains(open_region)) {
+        open_region = 0;  // reclaimed itself, on a disk of few regions
+        lock.Unlock();
+        plan();
+        Reclaim(need_regions);
+      }
+    }
     std::vector<uint64_t> fresh;
     Status no_room;
     for (uint64_t r = 0; r < need_regions; ++r) {
@@ -623,87 +773,130 @@ std::vector<Status> DiskStore::Impl::WriteRecords(std::span<const DiskWrite> ite
       }
       fresh.push_back(*seq);
     }
-    // Place the round's records; those that do not fit fail with no_room.
-    {
-      MutexLock lock(mu);
-      size_t next_fresh = 0;
-      uint64_t region = open_region;
-      for (size_t k = next; k < next + count; ++k) {
-        const size_t i = todo[k];
-        const DiskWrite& item = items[i];
-        const uint64_t bytes =
-            tombstone ? HeadBytes(item.key.size()) : RecordBytes(item.key.size(), item.size);
-        auto at = regions.find(region);
-        if (at == regions.end() || at->second.end + bytes > region_size) {
-          if (next_fresh >= fresh.size()) {
-            results[i] = no_room.ok() ? ResourceExhaustedError("disk tier: no region") : no_room;
-            ++counters.write_failures;
-            continue;
-          }
-          region = fresh[next_fresh++];
-          at = regions.find(region);
-        }
-        round.push_back(Planned{i, region, at->second.end, bytes, next_generation++});
-        at->second.end += bytes;
-        ++at->second.pins;
-      }
-    }
-    next += count;
-    // Build the records and write them.
-    std::vector<AlignedBuffer> buffers;
-    std::vector<IoOp> ops;
-    buffers.reserve(round.size());
-    ops.reserve(round.size());
+    // Place the batches; those of regions that could not be made fail with no_room.
     std::vector<int> fds;
     {
       MutexLock lock(mu);
-      for (const Planned& p : round) fds.push_back(regions.at(p.region).fd.get());
-    }
-    for (size_t j = 0; j < round.size(); ++j) {
-      const Planned& p = round[j];
-      const DiskWrite& item = items[p.item];
-      AlignedBuffer buffer(p.bytes);
-      const uint64_t head = HeadBytes(item.key.size());
-      const uint64_t value_len = tombstone ? 0 : item.size;
-      const uint64_t hash = XXH3_64bits(item.data, value_len);
-      FillHead(buffer.data(), item.key, value_len, p.generation, hash, tombstone ? kTombstone : 0);
-      if (value_len > 0) {
-        std::memcpy(buffer.data() + head, item.data, value_len);
-        std::memset(buffer.data() + head + value_len, 0, p.bytes - head - value_len);
+      std::vector<Batch> placed;
+      for (Batch& batch : batches) {
+        if (batch.region_ix >= static_cast<int64_t>(fresh.size())) {
+          for (size_t i : batch.members) {
+            results[i] = no_room.ok() ? ResourceExhaustedError("disk tier: no region") : no_room;
+            ++counters.write_failures;
+          }
+          continue;
+        }
+        batch.region = batch.region_ix < 0 ? open_region : fresh[batch.region_ix];
+        Region& region = regions.at(batch.region);
+        for (size_t k = 0; k < batch.members.size(); ++k) {
+          batch.generations.push_back(next_generation++);
+        }
+        region.end = batch.End();
+        ++region.pins;
+        fds.push_back(region.fd.get());
+        placed.push_back(std::move(batch));
       }
-      ops.push_back(IoOp{fds[j], true, buffer.data(), p.bytes, p.offset});
+      batches = std::move(placed);
+    }
+    next += count;
+    // Build the batches and write them.
+    std::vector<AlignedBuffer> buffers;
+    std::vector<IoOp> ops;
+    std::vector<std::vector<uint64_t>> hashes(batches.size());
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const Batch& batch = batches[b];
+      AlignedBuffer buffer(batch.Padded() + batch.values);
+      std::byte* out = buffer.data();
+      std::memset(out, 0, batch.Padded());
+      BatchHeader header{};
+      header.magic = kMagic;
+      header.format = kFormat;
+      header.count = static_cast<uint32_t>(batch.members.size());
+      header.summary_bytes = sizeof(BatchHeader) + batch.summary;
+      header.values_bytes = batch.values;
+      uint64_t at = sizeof(BatchHeader);
+      uint64_t value_at = batch.Padded();
+      for (size_t k = 0; k < batch.members.size(); ++k) {
+        const DiskWrite& item = items[batch.members[k]];
+        const uint64_t value_len = tombstone ? 0 : item.size;
+        RecordHeader record{};
+        record.key_len = static_cast<uint32_t>(item.key.size());
+        record.flags = tombstone ? kTombstone : 0;
+        record.value_len = value_len;
+        record.generation = batch.generations[k];
+        record.value_hash = XXH3_64bits(item.data, value_len);
+        hashes[b].push_back(record.value_hash);
+        std::memcpy(out + at, &record, sizeof(record));
+        std::memcpy(out + at + sizeof(record), item.key.data(), item.key.size());
+        at += SummaryBytes(item.key.size());
+        if (value_len > 0) {
+          std::memcpy(out + value_at, item.data, value_len);
+          std::memset(out + value_at + value_len, 0, AlignUp(value_len) - value_len);
+          value_at += AlignUp(value_len);
+        }
+      }
+      std::memcpy(out, &header, sizeof(header));
+      header.summary_hash = SummaryHash(out, header.summary_bytes);
+      std::memcpy(out, &header, sizeof(header));
+      ops.push_back(IoOp{fds[b], true, out, buffer.size(), batch.start});
       buffers.push_back(std::move(buffer));
     }
     if (options.test_io_delay.count() > 0) std::this_thread::sleep_for(options.test_io_delay);
+    if (options.write_budget > 0) {  // paced: each round starts when the budget has room for it
+      uint64_t bytes = 0;
+      for (const IoOp& op : ops) bytes += op.length;
+      const auto now = std::chrono::steady_clock::now();
+      if (budget_next > now) std::this_thread::sleep_until(budget_next);
+      budget_next =
+          std::max(budget_next, now) +
+          std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(bytes) * 1e9 /
+                                                        static_cast<double>(options.write_budget)));
+    }
     io->Run(ops);
     // Durable before any key enters the index.
     std::map<int, Status> synced;
-    for (size_t j = 0; j < round.size(); ++j) synced.emplace(fds[j], Status::Ok());
+    for (int fd : fds) synced.emplace(fd, Status::Ok());
     for (auto& [fd, status] : synced) {
       if (fdatasync(fd) != 0) status = ErrnoToStatus(errno, "fdatasync");
       if (!direct) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     }
     MutexLock lock(mu);
-    for (size_t j = 0; j < round.size(); ++j) {
-      const Planned& p = round[j];
-      const DiskWrite& item = items[p.item];
-      Status status = synced[fds[j]];
-      if (status.ok() && ops[j].result != static_cast<int64_t>(p.bytes)) {
-        status = ops[j].result < 0 ? ErrnoToStatus(static_cast<int>(-ops[j].result), "disk write")
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const Batch& batch = batches[b];
+      Status status = synced[fds[b]];
+      if (status.ok() && ops[b].result != static_cast<int64_t>(ops[b].length)) {
+        status = ops[b].result < 0 ? ErrnoToStatus(static_cast<int>(-ops[b].result), "disk write")
                                    : DataLossError("disk tier: a short write");
       }
-      if (!status.ok()) {
-        results[p.item] = status.WithContext("writing key '" + std::string(item.key) + "'");
-        ++counters.write_failures;
-      } else if (tombstone) {
-        Drop(std::string(item.key));
-      } else {
-        Place(std::string(item.key), Entry{p.region, p.offset, item.size, p.generation,
-                                           static_cast<uint32_t>(item.key.size())});
-        ++counters.writes;
-        counters.write_bytes += item.size;
+      uint64_t value_at = batch.start + batch.Padded();
+      for (size_t k = 0; k < batch.members.size(); ++k) {
+        const size_t i = batch.members[k];
+        const DiskWrite& item = items[i];
+        if (!status.ok()) {
+          results[i] = status.WithContext("writing key '" + std::string(item.key) + "'");
+          ++counters.write_failures;
+        } else if (tombstone) {
+          Drop(std::string(item.key));
+        } else {
+          Entry entry{batch.region, value_at, item.size, batch.generations[k], hashes[b][k]};
+          bool place = true;
+          if (rewrite_region != 0) {  // a second chance, counted against its reads
+            auto it = index.find(std::string(item.key));
+            // Gone meanwhile (reclaimed, its holder told; or removed): the copy stays unused.
+            place = it != index.end() && it->second.region == rewrite_region;
+            if (place && it->second.uses > 0) entry.uses = it->second.uses - 1;
+          }
+          if (place) {
+            Place(std::string(item.key), entry);
+          } else {
+            results[i] = NotFoundError("key '" + std::string(item.key) + "' left the disk");
+          }
+          ++counters.writes;
+          counters.write_bytes += item.size;
+        }
+        value_at += value_bytes(i);
       }
-      --regions.at(p.region).pins;
+      --regions.at(batch.region).pins;
     }
     unpinned.SignalAll();
   }
@@ -719,14 +912,12 @@ std::vector<Status> DiskStore::Impl::WriteRecords(std::span<const DiskWrite> ite
 }
 
 void DiskStore::Impl::ReadRound(std::span<const DiskRead> items, std::span<const size_t> which,
-                                std::vector<Result<uint64_t>>* results) {
+                                std::vector<Result<uint64_t>>* results, bool use) {
   struct Job {
     size_t item;
     Entry entry;
     int fd;
-    AlignedBuffer head;
     AlignedBuffer bounce;  // empty: the value is read straight into the caller's buffer
-    int64_t head_result = 0;
   };
   std::vector<Job> jobs;
   {
@@ -746,58 +937,37 @@ void DiskStore::Impl::ReadRound(std::span<const DiskRead> items, std::span<const
             " bytes; the buffer holds " + std::to_string(item.capacity));
         continue;
       }
+      if (entry.size == 0) {  // nothing to read
+        (*results)[i] = uint64_t{0};
+        ++counters.reads;
+        it->second.uses = std::min<uint8_t>(it->second.uses + 1, kMaxUses);
+        continue;
+      }
       Region& region = regions.at(entry.region);
       ++region.pins;
-      jobs.push_back(Job{i, entry, region.fd.get(), {}, {}, 0});
+      jobs.push_back(Job{i, entry, region.fd.get(), {}});
     }
   }
   std::vector<IoOp> ops;
-  ops.reserve(2 * jobs.size());
-  std::vector<size_t> job_of;  // per op
-  job_of.reserve(2 * jobs.size());
-  std::vector<uint8_t> pending(jobs.size(), 0);  // per job: its ops not ended yet
-  std::vector<size_t> value_op(jobs.size(), SIZE_MAX);
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    Job& job = jobs[j];
-    const uint64_t head = HeadBytes(job.entry.key_len);
+  ops.reserve(jobs.size());
+  for (Job& job : jobs) {
     const uint64_t value = AlignUp(job.entry.size);
     void* dst = items[job.item].dst;
     const bool straight =
         reinterpret_cast<uintptr_t>(dst) % kBlock == 0 && items[job.item].capacity >= value;
-    if (!straight && value > 0) job.bounce = AlignedBuffer(value);
-    job.head = AlignedBuffer(head);
-    ops.push_back(IoOp{job.fd, false, job.head.data(), head, job.entry.offset});
-    job_of.push_back(j);
-    ++pending[j];
-    if (value > 0) {
-      value_op[j] = ops.size();
-      ops.push_back(
-          IoOp{job.fd, false, straight ? dst : job.bounce.data(), value, job.entry.offset + head});
-      job_of.push_back(j);
-      ++pending[j];
-    }
+    if (!straight) job.bounce = AlignedBuffer(value);
+    ops.push_back(IoOp{job.fd, false, straight ? dst : job.bounce.data(), value, job.entry.offset});
   }
   std::vector<std::pair<std::string, uint64_t>> bad;  // key, generation
-  // Each record is checked as soon as its reads end, while the others' are still in flight.
+  // Each value is checked (its length and hash, against the index) as soon as its read ends,
+  // while the others' are still in flight.
   auto check = [&](size_t j) {
     Job& job = jobs[j];
     const DiskRead& item = items[job.item];
-    const uint64_t head = HeadBytes(job.entry.key_len);
-    bool ok = true;
-    const std::byte* bytes = nullptr;
-    if (value_op[j] != SIZE_MAX) {
-      const IoOp& value = ops[value_op[j]];
-      ok = value.result == static_cast<int64_t>(AlignUp(job.entry.size));
-      bytes = static_cast<const std::byte*>(value.buffer);
-    }
-    ok = ok && job.head_result == static_cast<int64_t>(head);
-    std::optional<Header> header;
-    if (ok) header = ParseHead(job.head.data(), head);
-    ok = ok && header && !(header->flags & kTombstone) && header->key_len == item.key.size() &&
-         std::memcmp(job.head.data() + sizeof(Header), item.key.data(), item.key.size()) == 0 &&
-         header->value_len == job.entry.size && header->generation == job.entry.generation &&
-         XXH3_64bits(bytes, job.entry.size) == header->value_hash;
-    if (!ok) {
+    const IoOp& op = ops[j];
+    const auto* bytes = static_cast<const std::byte*>(op.buffer);
+    if (op.result != static_cast<int64_t>(op.length) ||
+        XXH3_64bits(bytes, job.entry.size) != job.entry.value_hash) {
       (*results)[job.item] = NotFoundError("key '" + std::string(item.key) +
                                            "': its disk record failed its checks and was dropped");
       bad.emplace_back(std::string(item.key), job.entry.generation);
@@ -807,11 +977,7 @@ void DiskStore::Impl::ReadRound(std::span<const DiskRead> items, std::span<const
     (*results)[job.item] = job.entry.size;
   };
   if (options.test_io_delay.count() > 0) std::this_thread::sleep_for(options.test_io_delay);
-  io->Run(ops, [&](size_t op) {
-    const size_t j = job_of[op];
-    if (op != value_op[j]) jobs[j].head_result = ops[op].result;
-    if (--pending[j] == 0) check(j);
-  });
+  io->Run(ops, [&](size_t op) { check(op); });
   MutexLock lock(mu);
   for (const Job& job : jobs) --regions.at(job.entry.region).pins;
   for (const auto& [key, generation] : bad) {
@@ -822,9 +988,13 @@ void DiskStore::Impl::ReadRound(std::span<const DiskRead> items, std::span<const
   }
   for (const Job& job : jobs) {
     const auto& result = (*results)[job.item];
-    if (result.ok()) {
+    if (result.ok() && use) {
       ++counters.reads;
       counters.read_bytes += *result;
+      auto it = index.find(std::string(items[job.item].key));
+      if (it != index.end() && it->second.generation == job.entry.generation) {
+        it->second.uses = std::min<uint8_t>(it->second.uses + 1, kMaxUses);
+      }
     }
   }
   unpinned.SignalAll();
@@ -856,10 +1026,10 @@ Result<std::unique_ptr<DiskStore>> DiskStore::Open(DiskOptions options) {
                        : static_cast<uint64_t>(static_cast<double>(fs_bytes) *
                                                impl->options.capacity_percent / 100);
   if (impl->options.region_size == 0) {
-    // Automatic: a 64th of the capacity, from 1 MiB to 64 MiB, so that reclaiming one region
+    // Automatic: a 128th of the capacity, from 1 MiB to 64 MiB, so that reclaiming one region
     // moves usage by little however small the disk.
     impl->options.region_size =
-        std::clamp<uint64_t>(impl->capacity / 64 & ~((1ull << 20) - 1), 1ull << 20, 64ull << 20);
+        std::clamp<uint64_t>(impl->capacity / 128 & ~((1ull << 20) - 1), 1ull << 20, 64ull << 20);
   }
   LARDER_RETURN_IF_ERROR(impl->LoadIdentity());
   LARDER_RETURN_IF_ERROR(impl->ProbeDirectIo());
@@ -881,11 +1051,6 @@ const std::string& DiskStore::identity() const { return impl_->identity; }
 std::vector<Status> DiskStore::Write(std::span<const DiskWrite> items) {
   MutexLock lock(impl_->write_mu);
   return impl_->WriteRecords(items, false);
-}
-
-std::vector<Status> DiskStore::Refresh(std::span<const DiskWrite> items) {
-  MutexLock lock(impl_->write_mu);
-  return impl_->WriteRecords(items, false, true);
 }
 
 std::vector<Result<uint64_t>> DiskStore::Read(std::span<const DiskRead> items) {

@@ -2,6 +2,8 @@
 //
 // MasterState: clients and their segments (mounts, unmounts, heartbeats and the traffic they
 // report).
+#include <optional>
+
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "master/master_state.h"
@@ -92,6 +94,7 @@ Result<std::vector<Status>> MasterState::UnmountSegments(const std::string& clie
 
 HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id, ClientTraffic* traffic) {
   HeartbeatOutcome outcome{.segments_version = segments_version_.load()};
+  std::optional<uint32_t> revived;
   {
     MutexLock lock(clients_mu_);
     auto it = clients_.find(client_id);
@@ -100,7 +103,12 @@ HeartbeatOutcome MasterState::Heartbeat(const std::string& client_id, ClientTraf
       return outcome;
     }
     it->second.last_seen = Now();
+    if (it->second.replaced) {  // alive after all: its segments take puts again
+      it->second.replaced = false;
+      revived = it->second.slot;
+    }
   }
+  if (revived) segments_.SetOwnerReplaced(*revived, false);
   if (traffic != nullptr) {
     if (traffic->routes.size() > kMaxTrafficEntries) traffic->routes.resize(kMaxTrafficEntries);
     for (RouteTrafficReport& route : traffic->routes) {

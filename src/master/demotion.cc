@@ -25,6 +25,41 @@ Result<std::string> MasterState::ClientHostId(const std::string& client_id) {
   return client.host_id;
 }
 
+void MasterState::MarkReplaced(const std::string& client_id) {
+  uint32_t slot = 0;
+  {
+    MutexLock lock(clients_mu_);
+    auto it = clients_.find(client_id);
+    if (it == clients_.end() || it->second.replaced) return;
+    it->second.replaced = true;
+    slot = it->second.slot;
+  }
+  // Not under clients_mu_ (the segment table's lock is never taken under it). A heartbeat in
+  // between may clear the mark before it is set: the client then waits for its next one.
+  segments_.SetOwnerReplaced(slot, true);
+  Log().info("client {}: its disk was taken over; no puts into its segments until it heartbeats",
+             client_id);
+}
+
+bool MasterState::DemoteNow(std::string_view key) {
+  PoolSegmentId segment = 0;
+  {
+    KeyRef ref(key);
+    Shard& shard = ShardFor(ref);
+    MutexLock lock(shard.mu);
+    const Object* object = shard.Find(ref);
+    if (object == nullptr || object->state != ObjectState::kComplete ||
+        object->replica_count == 0) {
+      return false;
+    }
+    segment = object->replicas()[0].segment_id;
+  }
+  const PoolSegmentId ids[] = {segment};
+  const std::vector<SegmentView> views = segments_.List(ids);
+  if (views.empty()) return false;
+  return disk_.QueueDemote(views[0].host_id, views[0].client_id, key);
+}
+
 bool MasterState::HasObject(std::string_view key) const {
   KeyRef ref(key);
   Shard& shard = ShardFor(ref);

@@ -50,6 +50,7 @@ Result<DiskTasks> DiskTier::Poll(const std::string& client_id, const std::string
   wait = std::clamp(wait, std::chrono::milliseconds(0), std::chrono::milliseconds(1000));
   MutexLock lock(mu_);
   const auto now = Clock::now();
+  std::string replaced;
   auto it = std::find_if(holders_.begin(), holders_.end(),
                          [&](const Holder& h) { return h.identity == report.identity; });
   if (it == holders_.end()) {
@@ -68,6 +69,7 @@ Result<DiskTasks> DiskTier::Poll(const std::string& client_id, const std::string
     }
     Log().info("disk holder {} is now client {} (was {})", report.identity, client_id,
                it->client_id);
+    if (it->host_id == host_id) replaced = it->client_id;
     // The old process's work is void (its reads were of its own mappings); the new one announces
     // what its disk holds.
     OfflineLocked(static_cast<uint32_t>(it - holders_.begin()));
@@ -81,6 +83,7 @@ Result<DiskTasks> DiskTier::Poll(const std::string& client_id, const std::string
   holder.online = true;
   active_.store(true, std::memory_order_release);
   DiskTasks tasks;
+  tasks.replaced_client = std::move(replaced);
   if (!holder.announced) {
     tasks.announce = true;
     return tasks;
@@ -272,6 +275,9 @@ bool DiskTier::Promoted(std::string_view key, const std::string& client_id) {
   MutexLock lock(mu_);
   bool asked = false;
   if (auto p = promoting_.find(key); p != promoting_.end()) {
+    promotion_time_.Observe(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - p->second.queued)
+            .count());
     promoting_.erase(p);
     asked = true;
   }
@@ -327,10 +333,34 @@ uint64_t DiskTier::InvalidateIf(const std::function<bool(std::string_view key)>&
   return keys.size();
 }
 
+void DiskTier::ExpectWriteThrough(std::span<const std::string_view> keys) {
+  if (!active() || keys.empty()) return;
+  MutexLock lock(mu_);
+  const auto now = Clock::now();
+  for (std::string_view key : keys) {
+    if (write_through_.size() >= kMaxWriteThrough) break;
+    write_through_.insert_or_assign(std::string(key), now);
+  }
+  write_through_count_.store(write_through_.size(), std::memory_order_relaxed);
+}
+
+bool DiskTier::TakeWriteThrough(std::string_view key) {
+  if (write_through_count_.load(std::memory_order_relaxed) == 0) return false;
+  MutexLock lock(mu_);
+  auto it = write_through_.find(key);
+  if (it == write_through_.end()) return false;
+  write_through_.erase(it);
+  write_through_count_.store(write_through_.size(), std::memory_order_relaxed);
+  return true;
+}
+
 void DiskTier::Sweep() {
   if (!active()) return;
   MutexLock lock(mu_);
   const auto now = Clock::now();
+  std::erase_if(write_through_,
+                [&](const auto& entry) { return now - entry.second > options_.demote_timeout; });
+  write_through_count_.store(write_through_.size(), std::memory_order_relaxed);
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (now - it->second.queued > options_.demote_timeout) {
       counters_.demote_timed_out.fetch_add(1, std::memory_order_relaxed);

@@ -35,6 +35,7 @@
 
 #include "common/mutex.h"
 #include "larder/status.h"
+#include "master/latency_histogram.h"
 
 namespace larder::master {
 
@@ -77,6 +78,8 @@ struct DiskTasks {
   std::vector<std::string> promote;
   std::vector<std::string> drop;
   bool announce = false;
+  // The client that held the disk before this poll's, on the same host (MasterState::MarkReplaced).
+  std::string replaced_client;
 };
 
 // Why a demotion did not happen, for /metrics (larder_disk_demotions_total{outcome}).
@@ -151,6 +154,14 @@ class DiskTier {
   bool Promoted(std::string_view key, const std::string& client_id);
   // Whether `key` was brought back from disk within promoted_grace (eviction passes it over).
   bool JustPromoted(std::string_view key);
+  // Puts of the keys asked for write-through: when each ends, the master demotes its object at
+  // once (MasterState::DemoteNow). Forgotten after demote_timeout (a put that never ended); at
+  // most kMaxWriteThrough are remembered at once, past which write-through falls back to the
+  // watermark's demotion.
+  void ExpectWriteThrough(std::span<const std::string_view> keys);
+  bool WriteThroughExpected() const { return write_through_count_.load() > 0; }
+  // Whether a put of `key` asked for write-through (and forgets it).
+  bool TakeWriteThrough(std::string_view key);
   // The keys were put anew (not a promotion) or removed: their copies go, their holders are told,
   // their queued demotions are void.
   void Invalidate(std::span<const std::string_view> keys);
@@ -168,6 +179,9 @@ class DiskTier {
   const DiskTierCounters& counters() const { return counters_; }
   std::vector<DiskHolderView> Holders() const;
   uint64_t copies() const;
+  // How long promotions took: from the first get that found the key only on disk to the holder's
+  // put of it (the disk read and the copy into memory), for promotions that were asked for.
+  LatencyHistogram::Snapshot PromotionTimes() const { return promotion_time_.Read(); }
 
  private:
   struct Copy {
@@ -221,6 +235,10 @@ class DiskTier {
   KeyMap<PendingDemotion> promoting_ LARDER_GUARDED_BY(mu_);   // promotions asked for
   KeyMap<Clock::time_point> promoted_ LARDER_GUARDED_BY(mu_);  // until when eviction spares it
   std::atomic<size_t> promoted_count_{0};                      // promoted_.size(), read unlocked
+  LatencyHistogram promotion_time_;
+  static constexpr size_t kMaxWriteThrough = 1 << 20;
+  KeyMap<Clock::time_point> write_through_ LARDER_GUARDED_BY(mu_);  // puts not ended yet
+  std::atomic<size_t> write_through_count_{0};  // write_through_.size(), read unlocked
 };
 
 }  // namespace larder::master

@@ -213,6 +213,7 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
     std::optional<double> serving = ServingHitRate(tenants.tenants, tenants.others);
     // The disk tier (docs/disk-tier.md): its holders' disks, copies, and work by outcome.
     const DiskTierCounters& dc = state.disk().counters();
+    const LatencyHistogram::Snapshot promotions = state.disk().PromotionTimes();
     uint64_t holders_online = 0, disk_capacity = 0, disk_used = 0, copy_bytes = 0;
     const std::vector<DiskHolderView> holders = state.disk().Holders();
     for (const DiskHolderView& holder : holders) {
@@ -236,7 +237,9 @@ void InstallApiRoutes(httplib::Server& server, MasterState& state, const HttpAut
         {"evicted_without_copy", dc.evicted_dropped.load()},
         {"disk_hits", dc.disk_hits.load()},
         {"promotions", dc.promotions_queued.load()},
-        {"promotion_failures", dc.promote_failed.load()}};
+        {"promotion_failures", dc.promote_failed.load()},
+        {"promotion_p50_ms", Number(promotions.Quantile(0.5) / 1e6)},
+        {"promotion_p99_ms", Number(promotions.Quantile(0.99) / 1e6)}};
     SendJson(response,
              {{"version", Version()},
               {"role", role ? role() : std::string("single")},

@@ -108,11 +108,16 @@ std::vector<ClientView> MasterState::ListClients() const {
 void MasterState::ExpireClients(int64_t now) {
   int64_t ttl = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.client_ttl).count();
   std::vector<std::pair<std::string, uint32_t>> expired;
+  std::vector<int64_t> limits;  // per expired client: the silence it was allowed (ns)
   {
     MutexLock lock(clients_mu_);
     for (auto it = clients_.begin(); it != clients_.end();) {
-      if (now - it->second.last_seen > ttl) {
+      // A client whose disk a new process took over (MarkReplaced) goes once it missed about
+      // three heartbeats (clients beat at least every third of the TTL).
+      const int64_t limit = it->second.replaced ? ttl / 3 : ttl;
+      if (now - it->second.last_seen > limit) {
         expired.emplace_back(it->first, it->second.slot);
+        limits.push_back(limit);
         expired_clients_.push_back(
             {it->first, it->second.host_id, it->second.pid, it->second.last_seen, now});
         it = clients_.erase(it);
@@ -128,7 +133,8 @@ void MasterState::ExpireClients(int64_t now) {
     // A claim not renewed for two TTLs was given up (its client mounted elsewhere, or left).
     std::erase_if(claims_, [&](const auto& entry) { return now - entry.second.since > 2 * ttl; });
   }
-  for (const auto& [client_id, slot] : expired) {
+  for (size_t e = 0; e < expired.size(); ++e) {
+    const auto& [client_id, slot] = expired[e];
     std::vector<PoolSegmentId> segments = segments_.SegmentsOf(slot);
     for (PoolSegmentId id : segments) segments_.Unmount(id, slot).IgnoreError();
     DropSegments(segments, slot);
@@ -136,7 +142,7 @@ void MasterState::ExpireClients(int64_t now) {
     disk_.ClientGone(client_id);
     counters_.client_expiries.fetch_add(1, std::memory_order_relaxed);
     Log().warn("client {} silent for over {} ms: expired, {} segment(s) unmounted", client_id,
-               options_.client_ttl.count(), segments.size());
+               limits[e] / 1'000'000, segments.size());
   }
 }
 

@@ -86,6 +86,16 @@ class MasterState {
   const DiskTier& disk() const { return disk_; }
   // The host of a registered client; FailedPrecondition (kRemountRequired) for an unknown one.
   Result<std::string> ClientHostId(const std::string& client_id);
+  // A new process of the client's host took over its disk directory, whose lock the client held
+  // for its life: it has most likely exited. Until it heartbeats again (it was alive after all:
+  // the claim came from another client, and is not trusted further), no put places a replica in
+  // its segments, where the space that evictions free would wait for it to apply them; silent
+  // for a third of the client TTL (about three heartbeats), it expires then, not after the whole
+  // TTL. Unknown clients are ignored.
+  void MarkReplaced(const std::string& client_id);
+  // Queues the demotion of `key`'s object to its host's disk now, whatever the watermark (a put
+  // with write-through). False when it is not complete, or has no holder on its host.
+  bool DemoteNow(std::string_view key);
   // Whether an object of `key` is in memory, complete or being written.
   bool HasObject(std::string_view key) const;
   // Queues demotions of the least recently used objects once memory use passes the disk tier's
@@ -332,7 +342,8 @@ class MasterState {
     uint32_t slot = 0;
     std::string host_id;
     int64_t last_seen = 0;
-    uint32_t pid = 0;  // of the process that mounted last; 0: not said
+    uint32_t pid = 0;       // of the process that mounted last; 0: not said
+    bool replaced = false;  // see MarkReplaced
   };
   // A client the master expired, shown by ListClients for a while (alive = false).
   struct ExpiredClient {

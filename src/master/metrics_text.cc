@@ -191,6 +191,10 @@ void RenderDiskTier(std::ostringstream& out, const DiskTier& tier) {
          c.disk_hits.load());
   metric("larder_disk_promotions_total", "counter", "Disk copies asked back into memory.",
          c.promotions_queued.load());
+  Histogram(out, "larder_disk_promotion_seconds",
+            "How long disk copies took to come back into memory: from the first get that found "
+            "the key only on disk to the holder's put of it (its disk read and copy).",
+            tier.PromotionTimes());
   metric("larder_disk_promotion_failures_total", "counter",
          "Promotions the holder could not do (the copy failed its checks, or memory was full).",
          c.promote_failed.load());

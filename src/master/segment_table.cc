@@ -122,6 +122,13 @@ Status SegmentTable::SetDraining(PoolSegmentId id, bool draining) {
   return Status::Ok();
 }
 
+void SegmentTable::SetOwnerReplaced(uint32_t client_slot, bool replaced) {
+  MutexLock lock(mu_);
+  for (auto& [id, segment] : segments_) {
+    if (segment->client_slot == client_slot) segment->view.owner_replaced = replaced;
+  }
+}
+
 SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t writer_slot,
                                           const std::string& writer_host) const {
   Plan plan;
@@ -132,7 +139,7 @@ SegmentTable::Plan SegmentTable::MakePlan(const PutOptions& options, uint32_t wr
   ids.reserve(segments_.size());
   candidates.reserve(segments_.size());
   for (const auto& [id, segment] : segments_) {
-    if (segment->view.draining) continue;
+    if (segment->view.draining || segment->view.owner_replaced) continue;
     ids.push_back(id);
     candidates.push_back(PlacementCandidate{segment->view.name, segment->client_slot == writer_slot,
                                             segment->view.host_id == writer_host,

@@ -81,6 +81,9 @@ class SegmentTable {
   // An operator's drain: while a segment drains, MakePlan leaves it out, so that no put places a
   // replica there; what it holds stays readable. Errors: NotFound (unknown id).
   Status SetDraining(PoolSegmentId id, bool draining);
+  // Leaves the segments of a client out of MakePlan, or takes them back
+  // (MasterState::MarkReplaced).
+  void SetOwnerReplaced(uint32_t client_slot, bool replaced);
 
   // The order in which segments are tried for one writer's puts (OrderPlacement over the segments
   // mounted now and not draining). One plan serves a whole batch.

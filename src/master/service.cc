@@ -475,6 +475,7 @@ class MasterService final : public proto::Master::Service {
         replaced.push_back(key);
       }
       state_->disk().Invalidate(replaced);
+      if (request->write_through()) state_->disk().ExpectWriteThrough(replaced);
       // Puts are what turns the pool over: the next demotions are chosen as they come.
       state_->KickDemotions();
     }
@@ -495,7 +496,15 @@ class MasterService final : public proto::Master::Service {
     }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
-    return StatusList(state_->BatchPutEnd(request->client_id(), Keys(*request)), reply);
+    const std::vector<std::string_view> keys = Keys(*request);
+    auto ends = state_->BatchPutEnd(request->client_id(), keys);
+    if (ends.ok() && state_->disk().WriteThroughExpected()) {
+      // Puts that asked for write-through: their objects go to disk now.
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if ((*ends)[i].ok() && state_->disk().TakeWriteThrough(keys[i])) state_->DemoteNow(keys[i]);
+      }
+    }
+    return StatusList(ends, reply);
   }
 
   grpc::Status BatchPutRevoke(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
@@ -657,6 +666,7 @@ class MasterService final : public proto::Master::Service {
     auto tasks = state_->disk().Poll(request->client_id(), *host, HolderReport(request->holder()),
                                      std::chrono::milliseconds(request->wait_ms()));
     if (!tasks.ok()) return ToGrpc(tasks.status());
+    if (!tasks->replaced_client.empty()) state_->MarkReplaced(tasks->replaced_client);
     reply->mutable_demote()->Assign(tasks->demote.begin(), tasks->demote.end());
     reply->mutable_promote()->Assign(tasks->promote.begin(), tasks->promote.end());
     reply->mutable_drop()->Assign(tasks->drop.begin(), tasks->drop.end());

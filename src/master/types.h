@@ -182,6 +182,9 @@ struct SegmentView {
   uint64_t objects = 0;
   SegmentDescriptor descriptor;  // as mounted (SegmentMount::descriptor)
   bool draining = false;         // an operator's drain: no put places a replica here
+  // Its owner's disk directory was taken over (MasterState::MarkReplaced): no put places a
+  // replica here until the owner heartbeats again.
+  bool owner_replaced = false;
 };
 
 // An object as an operator's listing of one segment gives it.

@@ -106,6 +106,7 @@ void PayloadWriter::PutConfig(const larder::PutConfig& config) {
           ? static_cast<uint64_t>(std::max<int64_t>(0, config.soft_pin_ttl->count()))
           : 0);
   U8(config.overwrite ? 1 : 0);
+  U8(config.disk_write_through ? 1 : 0);
 }
 
 void PayloadWriter::Keys(std::span<const std::string> keys) {
@@ -226,6 +227,7 @@ larder::PutConfig PayloadReader::PutConfig() {
     config.soft_pin_ttl = std::chrono::milliseconds(static_cast<int64_t>(ttl_ms));
   }
   config.overwrite = Bool("overwrite");
+  config.disk_write_through = Bool("disk_write_through");
   return config;
 }
 

@@ -28,8 +28,8 @@ namespace larder::standalone {
 
 inline constexpr uint32_t kMessageMagic = 0x3143534c;  // "LSC1"
 // 2: a status carries its ErrorDetail after the message.
-// 3: kBatchRemoveReplicas. 4: kBatchRemoveScoped.
-inline constexpr uint32_t kProtocolVersion = 4;
+// 3: kBatchRemoveReplicas. 4: kBatchRemoveScoped. 5: PutConfig::disk_write_through.
+inline constexpr uint32_t kProtocolVersion = 5;
 
 // Limits both ends enforce; the daemon announces them in its Hello reply.
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;  // payload of one frame

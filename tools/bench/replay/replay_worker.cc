@@ -6,6 +6,7 @@
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <vector>
 
 #include "bench/replay/replay_trace.h"
@@ -16,6 +17,9 @@
 
 namespace larder::bench {
 namespace {
+
+// Rounds of retries of Unavailable gets: the first at once, then after 2, 4, ... 64 ms.
+constexpr int kRetryRounds = 7;
 
 using json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
@@ -135,27 +139,32 @@ class ReplayWorker {
   };
 
   // Unavailable means "retry the call" (StoreClient's contract): a lease that ran out during the
-  // copy, an object still being written. Retries once, in one batch, what failed that way.
+  // copy, an object another client is still writing. Retries what failed that way, in one batch a
+  // round, backing off to about 130 ms in all: longer than any one put takes.
   void RetryUnavailable(const std::vector<std::string>& keys, const std::vector<void*>& slots,
                         const std::vector<size_t>& sizes, std::vector<Result<size_t>>& results,
                         Reply& reply) {
-    std::vector<size_t> again;
-    for (size_t i = 0; i < results.size(); ++i) {
-      if (results[i].status().code() == StatusCode::kUnavailable) again.push_back(i);
+    auto backoff = std::chrono::milliseconds(1);  // doubled before its first use
+    for (int round = 0; round < kRetryRounds; ++round, backoff *= 2) {
+      std::vector<size_t> again;
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (results[i].status().code() == StatusCode::kUnavailable) again.push_back(i);
+      }
+      if (again.empty()) return;
+      std::vector<std::string> retry_keys;
+      std::vector<void*> retry_slots;
+      std::vector<size_t> retry_sizes;
+      for (size_t i : again) {
+        retry_keys.push_back(keys[i]);
+        retry_slots.push_back(slots[i]);
+        retry_sizes.push_back(sizes[i]);
+      }
+      if (round == 0) reply.retried += again.size();
+      if (reply.retry_reason.empty()) reply.retry_reason = results[again[0]].status().ToString();
+      if (round > 0) std::this_thread::sleep_for(backoff);
+      auto retried = client_->BatchGetInto(retry_keys, retry_slots, retry_sizes);
+      for (size_t j = 0; j < again.size(); ++j) results[again[j]] = std::move(retried[j]);
     }
-    if (again.empty()) return;
-    std::vector<std::string> retry_keys;
-    std::vector<void*> retry_slots;
-    std::vector<size_t> retry_sizes;
-    for (size_t i : again) {
-      retry_keys.push_back(keys[i]);
-      retry_slots.push_back(slots[i]);
-      retry_sizes.push_back(sizes[i]);
-    }
-    reply.retried += again.size();
-    if (reply.retry_reason.empty()) reply.retry_reason = results[again[0]].status().ToString();
-    auto retried = client_->BatchGetInto(retry_keys, retry_slots, retry_sizes);
-    for (size_t j = 0; j < again.size(); ++j) results[again[j]] = std::move(retried[j]);
   }
 
   Status EnsureBuffer(size_t blocks) {
