@@ -287,8 +287,25 @@ bool DiskTier::Promoted(std::string_view key, const std::string& client_id) {
     // Readers wait for it (even if its copy left the disk meanwhile), and eviction spares it.
     promoted_.insert_or_assign(std::string(key), Clock::now() + options_.promoted_grace);
     promoted_count_.store(promoted_.size(), std::memory_order_relaxed);
+    promotion_puts_.insert_or_assign(std::string(key), Clock::now());
+    promotion_puts_count_.store(promotion_puts_.size(), std::memory_order_relaxed);
   }
   return own;
+}
+
+bool DiskTier::BeingPromoted(std::string_view key) const {
+  if (promotion_puts_count_.load(std::memory_order_relaxed) == 0) return false;
+  MutexLock lock(mu_);
+  return promotion_puts_.contains(key);
+}
+
+void DiskTier::PutsEnded(std::span<const std::string_view> keys) {
+  if (promotion_puts_count_.load(std::memory_order_relaxed) == 0) return;
+  MutexLock lock(mu_);
+  for (std::string_view key : keys) {
+    if (auto it = promotion_puts_.find(key); it != promotion_puts_.end()) promotion_puts_.erase(it);
+  }
+  promotion_puts_count_.store(promotion_puts_.size(), std::memory_order_relaxed);
 }
 
 bool DiskTier::JustPromoted(std::string_view key) {
@@ -361,6 +378,10 @@ void DiskTier::Sweep() {
   std::erase_if(write_through_,
                 [&](const auto& entry) { return now - entry.second > options_.demote_timeout; });
   write_through_count_.store(write_through_.size(), std::memory_order_relaxed);
+  // A promotion put never ended (its holder died): the master revoked it by now.
+  std::erase_if(promotion_puts_,
+                [&](const auto& entry) { return now - entry.second > options_.demote_timeout; });
+  promotion_puts_count_.store(promotion_puts_.size(), std::memory_order_relaxed);
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (now - it->second.queued > options_.demote_timeout) {
       counters_.demote_timed_out.fetch_add(1, std::memory_order_relaxed);

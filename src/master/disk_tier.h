@@ -154,6 +154,11 @@ class DiskTier {
   bool Promoted(std::string_view key, const std::string& client_id);
   // Whether `key` was brought back from disk within promoted_grace (eviction passes it over).
   bool JustPromoted(std::string_view key);
+  // Whether a promotion put of `key` has started and not ended (however long it takes: a reader
+  // that finds the key being written waits for it as for the promotion it is).
+  bool BeingPromoted(std::string_view key) const;
+  // Puts of the keys ended or were revoked.
+  void PutsEnded(std::span<const std::string_view> keys);
   // Puts of the keys asked for write-through: when each ends, the master demotes its object at
   // once (MasterState::DemoteNow). Forgotten after demote_timeout (a put that never ended); at
   // most kMaxWriteThrough are remembered at once, past which write-through falls back to the
@@ -236,6 +241,8 @@ class DiskTier {
   KeyMap<Clock::time_point> promoted_ LARDER_GUARDED_BY(mu_);  // until when eviction spares it
   std::atomic<size_t> promoted_count_{0};                      // promoted_.size(), read unlocked
   LatencyHistogram promotion_time_;
+  KeyMap<Clock::time_point> promotion_puts_ LARDER_GUARDED_BY(mu_);  // started, not ended
+  std::atomic<size_t> promotion_puts_count_{0};  // promotion_puts_.size(), read unlocked
   static constexpr size_t kMaxWriteThrough = 1 << 20;
   KeyMap<Clock::time_point> write_through_ LARDER_GUARDED_BY(mu_);  // puts not ended yet
   std::atomic<size_t> write_through_count_{0};  // write_through_.size(), read unlocked

@@ -148,6 +148,11 @@ TEST(DiskTierTest, APromotionLostByItsHolderIsAskedForAgain) {
   // Done: the holder's put of the key, kept for promoted_grace from eviction.
   EXPECT_TRUE(tier.Promoted("k", "c1"));
   EXPECT_TRUE(tier.JustPromoted("k"));
+  // Its put is under way until it ends, however long that takes (past the grace, too).
+  EXPECT_TRUE(tier.BeingPromoted("k"));
+  const std::string_view ended[] = {"k"};
+  tier.PutsEnded(ended);
+  EXPECT_FALSE(tier.BeingPromoted("k"));
   EXPECT_FALSE(tier.Promoted("k", "someone-else"));
 }
 

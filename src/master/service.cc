@@ -189,7 +189,8 @@ class MasterService final : public proto::Master::Service {
       const std::string& key = request.keys(static_cast<int>(i));
       std::optional<uint64_t> size = state_->disk().Find(key);
       const bool promoting =
-          being_written && !request.metadata_only() && (size || state_->disk().JustPromoted(key));
+          being_written && !request.metadata_only() &&
+          (size || state_->disk().JustPromoted(key) || state_->disk().BeingPromoted(key));
       if (promoting && !size) {
         outcome.status =
             UnavailableError("key " + QuoteKey(key) + " is on disk; its holder is bringing it back")
@@ -468,7 +469,11 @@ class MasterService final : public proto::Master::Service {
           // The copy is coming back, or is back already (an object of the key is in memory):
           // either way the promotion is done, and the copy stays.
           const bool own = state_->disk().Promoted(key, request->client_id());
-          if (own || outcome.already_exists || !outcome.status.ok()) continue;
+          if (outcome.already_exists || !outcome.status.ok()) {
+            state_->disk().PutsEnded(std::span(&key, 1));  // no put to wait for
+            continue;
+          }
+          if (own) continue;
         } else if (!outcome.status.ok() || outcome.already_exists) {
           continue;
         }
@@ -498,6 +503,7 @@ class MasterService final : public proto::Master::Service {
     ReleaseCarried(request->client_id(), request->release_leases());
     const std::vector<std::string_view> keys = Keys(*request);
     auto ends = state_->BatchPutEnd(request->client_id(), keys);
+    state_->disk().PutsEnded(keys);
     if (ends.ok() && state_->disk().WriteThroughExpected()) {
       // Puts that asked for write-through: their objects go to disk now.
       for (size_t i = 0; i < keys.size(); ++i) {
@@ -514,7 +520,10 @@ class MasterService final : public proto::Master::Service {
     }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
-    return StatusList(state_->BatchPutRevoke(request->client_id(), Keys(*request)), reply);
+    const std::vector<std::string_view> keys = Keys(*request);
+    auto revoked = state_->BatchPutRevoke(request->client_id(), keys);
+    state_->disk().PutsEnded(keys);
+    return StatusList(revoked, reply);
   }
 
   grpc::Status BatchGetReplicas(grpc::ServerContext* context,
