@@ -78,7 +78,7 @@ install: deps
 bench: build
 	scripts/bench.sh $(BUILD_DIR)
 
-SOURCES = $(shell find include src tools tests fuzz -name '*.cc' -o -name '*.h')
+SOURCES = $(shell find include src tools tests fuzz python/ext -name '*.cc' -o -name '*.h')
 
 format:
 	clang-format -i $(SOURCES)

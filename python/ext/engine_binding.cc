@@ -350,10 +350,10 @@ void BindEngine(py::module_& module) {
            }),
            py::arg("protocol") = py::none(), py::kw_only(), py::arg("listen_address") = py::none(),
            py::arg("auth_token") = py::none(), py::arg("host_id") = py::none(),
-           py::arg("role") = "pd", py::arg("copy_threads") = 0,
-           py::arg("slice_bytes") = py::none(), py::arg("default_timeout") = py::none(),
-           py::arg("tcp_connections_per_peer") = 4, py::arg("require_local_registration") = false,
-           py::arg("use_huge_pages") = false, py::arg("shm_prefault") = false)
+           py::arg("role") = "pd", py::arg("copy_threads") = 0, py::arg("slice_bytes") = py::none(),
+           py::arg("default_timeout") = py::none(), py::arg("tcp_connections_per_peer") = 4,
+           py::arg("require_local_registration") = false, py::arg("use_huge_pages") = false,
+           py::arg("shm_prefault") = false)
       .def("close", &PyEngine::Close,
            "Stops the servers and transports; later calls raise FailedPreconditionError.")
       .def_property_readonly("closed", &PyEngine::closed)

@@ -709,7 +709,8 @@ registered buffer.)doc")
           py::arg("key"), py::arg("buffer"), py::arg("size") = py::none(), py::kw_only(),
           py::arg("replica_num") = 0, py::arg("preferred_segments") = py::none(),
           py::arg("pin") = false, py::arg("soft_pin") = py::none(),
-          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false, py::arg("disk_write_through") = false,
+          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false,
+          py::arg("disk_write_through") = false,
           "Stores ``size`` bytes (default: the whole buffer) read straight from registered memory. "
           "Raises FailedPreconditionError when the range is not inside a registered buffer, and "
           "as put otherwise.")
@@ -733,7 +734,8 @@ registered buffer.)doc")
           py::arg("keys"), py::arg("buffers"), py::arg("sizes") = py::none(), py::kw_only(),
           py::arg("replica_num") = 0, py::arg("preferred_segments") = py::none(),
           py::arg("pin") = false, py::arg("soft_pin") = py::none(),
-          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false, py::arg("disk_write_through") = false,
+          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false,
+          py::arg("disk_write_through") = false,
           "put_from for many keys in one master round trip and one transfer batch. ``buffers`` "
           "holds addresses or bytes-like objects; ``sizes`` is required with addresses. Returns "
           "None or the LarderError per key.")
@@ -748,14 +750,16 @@ registered buffer.)doc")
              std::optional<std::vector<std::string>> preferred_segments, bool pin,
              py::handle soft_pin, py::handle soft_pin_ttl, bool overwrite,
              bool disk_write_through) {
-            return self.BatchPutFromSlices(keys, buffers, sizes,
-                                           MakePutConfig(replica_num, preferred_segments, pin,
-                                                         soft_pin, soft_pin_ttl, overwrite, disk_write_through));
+            return self.BatchPutFromSlices(
+                keys, buffers, sizes,
+                MakePutConfig(replica_num, preferred_segments, pin, soft_pin, soft_pin_ttl,
+                              overwrite, disk_write_through));
           },
           py::arg("keys"), py::arg("buffers"), py::arg("sizes") = py::none(), py::kw_only(),
           py::arg("replica_num") = 0, py::arg("preferred_segments") = py::none(),
           py::arg("pin") = false, py::arg("soft_pin") = py::none(),
-          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false, py::arg("disk_write_through") = false,
+          py::arg("soft_pin_ttl") = py::none(), py::arg("overwrite") = false,
+          py::arg("disk_write_through") = false,
           "Scatter-gather put: the value of keys[i] is the concatenation of the registered "
           "buffers buffers[i] (objects, or addresses with sizes[i]), e.g. one slice per layer of "
           "a layer-first KV pool. Returns None or the LarderError per key.")
