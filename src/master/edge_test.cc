@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/limits.h"
 #include "master/rpc_test_support.h"
 
 namespace larder::master {
@@ -69,6 +70,43 @@ TEST_F(MasterEdgeTest, OversizeKeysAreRefusedOnEveryCallAndQuotedShort) {
   total_reply_bytes += exists.ByteSizeLong();
   EXPECT_LT(total_reply_bytes, 16u * 1024);  // 20 MiB of keys asked, a few KiB answered
   EXPECT_EQ(server_->state().Stats().objects, 1u);
+}
+
+// A holder's report of a disk copy that no disk could hold (empty, or past the largest region) is
+// refused whole, and nothing of it is recorded: the size would answer Exist and GetSize.
+TEST_F(MasterEdgeTest, DiskCopiesOfImpossibleSizesAreRefused) {
+  proto::DiskHolder holder;
+  holder.set_identity("0123456789abcdef0123456789abcdef");
+  holder.set_capacity_bytes(1ull << 30);
+  proto::DiskPollRequest poll;
+  poll.set_client_id("c");
+  *poll.mutable_holder() = holder;
+  proto::DiskPollReply polled;
+  ASSERT_TRUE(rpc_->Call("DiskPoll", &Stub::DiskPoll, poll, &polled).ok());
+  ASSERT_TRUE(polled.announce());
+  for (uint64_t size : {uint64_t{0}, kMaxDiskRegionBytes + 1, ~uint64_t{0}}) {
+    proto::DiskReportRequest report;
+    report.set_client_id("c");
+    *report.mutable_holder() = holder;
+    report.set_announce(true);
+    proto::DiskCopy* copy = report.add_stored();
+    copy->set_key("on-disk");
+    copy->set_size(size);
+    proto::DiskReportReply reply;
+    Status status = rpc_->Call("DiskReport", &Stub::DiskReport, report, &reply);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << size << ": " << status;
+  }
+  EXPECT_FALSE(server_->state().disk().Has("on-disk"));
+  proto::DiskReportRequest report;
+  report.set_client_id("c");
+  *report.mutable_holder() = holder;
+  report.set_announce(true);
+  proto::DiskCopy* copy = report.add_stored();
+  copy->set_key("on-disk");
+  copy->set_size(4096);
+  proto::DiskReportReply reply;
+  ASSERT_TRUE(rpc_->Call("DiskReport", &Stub::DiskReport, report, &reply).ok());
+  EXPECT_TRUE(server_->state().disk().Has("on-disk"));
 }
 
 TEST_F(MasterEdgeTest, KeysAreBytes) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/error_detail_wire.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/proto_mac.h"
 #include "common/segment_descriptor_proto.h"
@@ -708,6 +709,12 @@ class MasterService final : public proto::Master::Service {
       if (copy.key().empty() || copy.key().size() > max_key) {
         return ToGrpc(InvalidArgumentError("a disk copy's key of " +
                                            std::to_string(copy.key().size()) + " bytes"));
+      }
+      // Its size answers Exist and GetSize, and callers size buffers by it.
+      if (copy.size() == 0 || copy.size() > kMaxDiskRegionBytes) {
+        return ToGrpc(InvalidArgumentError("a disk copy of " + std::to_string(copy.size()) +
+                                           " bytes (1 to " + std::to_string(kMaxDiskRegionBytes) +
+                                           ")"));
       }
       stored.push_back(DiskCopyReport{copy.key(), copy.size(), copy.generation()});
     }
