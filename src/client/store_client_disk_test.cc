@@ -373,6 +373,7 @@ TEST_F(DiskTierTest, AHolderKilledUnderLoadServesEverySurvivingRecordAfterItsRes
       },
       milliseconds(60000));
   holder->Kill(SIGKILL);
+  holder->Stop(std::chrono::seconds(10));  // reaped: its directory's lock is free, as after a crash
   stop = true;
   load.join();
   ASSERT_TRUE(in_flight) << "no demotion burst to kill the holder in";
