@@ -216,7 +216,7 @@ struct LARDER_EXPORT TransferEngineOptions {
   // Threads that stripe large same-host copies. 0: min(4, hardware threads).
   size_t copy_threads = 0;
   // Same-host batches up to this many bytes are copied inside Submit.
-  size_t inline_copy_bytes = 256 * 1024;
+  size_t inline_copy_bytes = 1024 * 1024;
   // TCP connections kept per peer and traffic class; slices are spread over them.
   size_t tcp_connections_per_peer = 4;
   // Requests are cut into slices of at most this size (pipelining and retry unit). Must be in
