@@ -7,17 +7,6 @@
 
 namespace larder::master {
 
-void TouchBatch::Add(PoolSegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
-                     uint64_t last_access) {
-  touches_.push_back(Touch{segment, offset, size, last_access, keys_.size(), key.size()});
-  keys_.append(key);
-}
-
-void TouchBatch::Reserve(size_t touches, size_t key_bytes) {
-  touches_.reserve(touches_.size() + touches);
-  keys_.reserve(keys_.size() + key_bytes);
-}
-
 CatalogFeed::CatalogFeed(size_t shard_count) : shard_count_(shard_count) {}
 
 void CatalogFeed::Log::Push(const LoggedChange& change) {
@@ -178,9 +167,7 @@ void CatalogFeed::Append(const TouchBatch& batch) {
       }
       LoggedChange change;
       change.kind = CatalogChangeKind::kTouch;
-      change.key = std::string_view(batch.keys_).substr(touch.key_at, touch.key_size);
       change.offset = touch.offset;
-      change.size = touch.size;
       change.last_access = touch.last_access;
       cached->Push(change);
     }

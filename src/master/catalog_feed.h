@@ -65,14 +65,16 @@ struct LoggedChange {
   uint64_t last_access = 0;
 };
 
-// TOUCHes gathered while a get holds its shard locks, logged after it let them go (TouchBatch's
-// keys live in one buffer, so that gathering one costs a copy of the key, not an allocation).
+// TOUCHes gathered while a get holds its shard locks, logged after it let them go. A TOUCH names
+// its object by offset alone: the owner's catalog is indexed by offset, and a TOUCH is a hint (the
+// owner keeps the latest tick of the entry there), so it carries neither key nor size.
 class TouchBatch {
  public:
-  void Add(PoolSegmentId segment, std::string_view key, uint64_t offset, uint64_t size,
-           uint64_t last_access);
-  // Room for `touches` more, with `key_bytes` of keys, so that gathering them allocates once.
-  void Reserve(size_t touches, size_t key_bytes);
+  void Add(PoolSegmentId segment, uint64_t offset, uint64_t last_access) {
+    touches_.push_back(Touch{segment, offset, last_access});
+  }
+  // Room for `touches` more, so that gathering them allocates once.
+  void Reserve(size_t touches) { touches_.reserve(touches_.size() + touches); }
   bool empty() const { return touches_.empty(); }
 
  private:
@@ -80,13 +82,9 @@ class TouchBatch {
   struct Touch {
     PoolSegmentId segment = 0;
     uint64_t offset = 0;
-    uint64_t size = 0;
     uint64_t last_access = 0;
-    size_t key_at = 0;
-    size_t key_size = 0;
   };
   std::vector<Touch> touches_;
-  std::string keys_;
 };
 
 // Thread-safe. Its locks are leaves: they are taken under shard and segment-table locks, and

@@ -104,7 +104,7 @@ TEST(CatalogFeedTest, OverflowResetsTheLog) {
   EXPECT_FALSE(read.more);
   // Touches never cut a log short: past half the bound they are dropped.
   TouchBatch touches;
-  for (size_t i = 0; i < kMaxPendingCatalogChanges / 2 + 10; ++i) touches.Add(7, "k", 0, 1, i);
+  for (size_t i = 0; i < kMaxPendingCatalogChanges / 2 + 10; ++i) touches.Add(7, 0, i);
   feed.Append(touches);
   EXPECT_EQ(feed.resets(), 2u);
   feed.Read(7, last, kMaxPendingCatalogChanges, 0, &read);

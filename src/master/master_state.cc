@@ -93,8 +93,20 @@ int64_t MasterState::Now() const {
 
 // The shard comes from the hash's high half: a shard's hash set uses the low bits for its own
 // slots and fingerprints, which must not be the same few values for every key of the shard.
-Shard& MasterState::ShardFor(const KeyRef& key) const {
-  return shards_[((key.hash >> 32) * shard_count_) >> 32];
+size_t MasterState::ShardIndex(const KeyRef& key) const {
+  return ((key.hash >> 32) * shard_count_) >> 32;
+}
+
+Shard& MasterState::ShardFor(const KeyRef& key) const { return shards_[ShardIndex(key)]; }
+
+void MasterState::SortByShard(std::span<const KeyRef> refs, std::vector<uint32_t>* indices) const {
+  // A counting sort: stable, and linear in keys and shards.
+  std::vector<uint32_t> starts(shard_count_ + 1, 0);
+  for (uint32_t i : *indices) ++starts[ShardIndex(refs[i]) + 1];
+  for (size_t s = 1; s <= shard_count_; ++s) starts[s] += starts[s - 1];
+  std::vector<uint32_t> sorted(indices->size());
+  for (uint32_t i : *indices) sorted[starts[ShardIndex(refs[i])]++] = i;
+  *indices = std::move(sorted);
 }
 
 MasterState::ClientRecord* MasterState::TouchClientLocked(const std::string& client_id) {
@@ -541,58 +553,78 @@ Result<GetBatch> MasterState::BatchGetReplicas(const std::string& client_id,
   const bool rebuilding = lease && now < rebuilding_until;
   uint64_t hits = 0, misses = 0;
   TenantTally tally;
+  // The keys grouped by shard, in key order within each: each shard's lock is taken once per
+  // batch, and the lookups under it are prefetched together, so that their cache misses overlap.
+  std::vector<KeyRef> refs;
+  refs.reserve(keys.size());
+  std::vector<uint32_t> by_shard;  // indices of the valid keys
+  by_shard.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    const KeyRef ref(keys[i]);
-    GetOutcome& outcome = batch.items[i];
-    if (Status invalid = ValidateKey(ref.key); !invalid.ok()) {
-      outcome.status = std::move(invalid);
+    refs.emplace_back(keys[i]);
+    if (Status invalid = ValidateKey(keys[i]); !invalid.ok()) {
+      batch.items[i].status = std::move(invalid);
       ++misses;
       continue;
     }
-    Shard& shard = ShardFor(ref);
+    by_shard.push_back(static_cast<uint32_t>(i));
+  }
+  SortByShard(refs, &by_shard);
+  for (size_t group = 0; group < by_shard.size();) {
+    const size_t shard_index = ShardIndex(refs[by_shard[group]]);
+    size_t group_end = group + 1;
+    while (group_end < by_shard.size() && ShardIndex(refs[by_shard[group_end]]) == shard_index) {
+      ++group_end;
+    }
+    Shard& shard = shards_[shard_index];
     MutexLock lock(shard.mu);
-    Object* object = shard.Find(ref);
-    if (object == nullptr) {
-      outcome.status = rebuilding ? RebuildingError(ref.key, rebuilding_until - now)
-                                  : NotFoundError("key " + QuoteKey(ref.key) + " not found");
-      ++misses;
-      if (use) tally.Get(ref.key, false);
-      continue;
-    }
-    if (object->state != ObjectState::kComplete) {
-      outcome.status = UnavailableError("key " + QuoteKey(ref.key) + " is still being written")
-                           .WithDetail(ErrorDetail::kBeingWritten);
-      ++misses;
-      if (use) tally.Get(ref.key, false);
-      continue;
-    }
-    if (lease) {
-      object->lease_until = lease_until;
-      object->AddReader();
-      leased.push_back(object);
-    }
-    if (use) {
-      if (object->last_access >> epoch_bits < (tick + i + 1) >> epoch_bits) {
-        if (touches.empty()) {
-          // Usually most of a batch's keys are touched once one is: room for all at once.
-          touches.Reserve(keys.size() - i, (keys.size() - i) * ref.key.size());
-        }
-        for (const StoredReplica& replica : object->replicas()) {
-          touches.Add(replica.segment_id, object->key(), replica.offset, object->size,
-                      tick + i + 1);
-        }
+    for (size_t j = group; j < group_end; ++j) shard.objects.prefetch(refs[by_shard[j]]);
+    for (size_t j = group; j < group_end; ++j) {
+      const size_t i = by_shard[j];
+      const KeyRef& ref = refs[i];
+      GetOutcome& outcome = batch.items[i];
+      Object* object = shard.Find(ref);
+      if (object == nullptr) {
+        outcome.status = rebuilding ? RebuildingError(ref.key, rebuilding_until - now)
+                                    : NotFoundError("key " + QuoteKey(ref.key) + " not found");
+        ++misses;
+        if (use) tally.Get(ref.key, false);
+        continue;
       }
-      shard.LruTouch(object, tick + i + 1);
+      if (object->state != ObjectState::kComplete) {
+        outcome.status = UnavailableError("key " + QuoteKey(ref.key) + " is still being written")
+                             .WithDetail(ErrorDetail::kBeingWritten);
+        ++misses;
+        if (use) tally.Get(ref.key, false);
+        continue;
+      }
+      if (lease) {
+        object->lease_until = lease_until;
+        object->AddReader();
+        leased.push_back(object);
+      }
+      if (use) {
+        if (object->last_access >> epoch_bits < (tick + i + 1) >> epoch_bits) {
+          if (touches.empty()) {
+            // Usually most of a batch's keys are touched once one is: room for all at once.
+            touches.Reserve(keys.size());
+          }
+          for (const StoredReplica& replica : object->replicas()) {
+            touches.Add(replica.segment_id, replica.offset, tick + i + 1);
+          }
+        }
+        shard.LruTouch(object, tick + i + 1);
+      }
+      outcome.size = object->size;
+      for (const StoredReplica& replica : object->replicas()) {
+        outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
+      }
+      ++hits;
+      if (use) tally.Get(ref.key, true);
     }
-    outcome.size = object->size;
-    for (const StoredReplica& replica : object->replicas()) {
-      outcome.replicas.push_back(ReplicaLocation{replica.segment_id, replica.offset});
-    }
-    ++hits;
-    if (use) tally.Get(ref.key, true);
+    group = group_end;
   }
   // TOUCHes are logged after the shard locks: a late one is harmless (a client applies a TOUCH
-  // only to the entry it names, and keeps the latest tick).
+  // only to the entry at its offset, and keeps the latest tick).
   if (!touches.empty()) feed_.Append(touches);
   if (!leased.empty()) {
     batch.lease_id = leases_.Grant(slot, now, lease_until, std::move(leased));

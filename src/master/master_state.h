@@ -180,8 +180,10 @@ class MasterState {
   // one feed lock per call.
   //
   // Applying them (the owner's side): ADD puts the entry at its offset, replacing any there;
-  // REMOVE and TOUCH act only on the entry at their offset with their key (a TOUCH may come
-  // after its object's REMOVE); TOUCH keeps the larger last_access. ADD and REMOVE of one object
+  // REMOVE acts only on the entry at its offset with its key; TOUCH names only the offset (it
+  // carries no key nor size: most changes of a read-mostly pool are TOUCHes) and keeps the larger
+  // last_access. A TOUCH logged late, after its object's REMOVE and the ADD of another object at
+  // that offset, changes nothing: its tick is older than that ADD's. ADD and REMOVE of one object
   // always come in the order they happened, and a range's REMOVE before the ADD that reuses it.
   //
   // Errors: FailedPrecondition (unknown client, as for every data call), InvalidArgument (more
@@ -373,7 +375,10 @@ class MasterState {
   };
 
   int64_t Now() const;
+  size_t ShardIndex(const KeyRef& key) const;
   Shard& ShardFor(const KeyRef& key) const;
+  // Orders `indices` (into `refs`) by the shard of their key, keeping their order within a shard.
+  void SortByShard(std::span<const KeyRef> refs, std::vector<uint32_t>* indices) const;
   // The client's record, marked as seen now; nullptr when the master does not know it.
   ClientRecord* TouchClientLocked(const std::string& client_id) LARDER_REQUIRES(clients_mu_);
   static Status UnknownClientError(const std::string& client_id);
