@@ -195,17 +195,49 @@ bool MasterClient::IsUnreachable(const grpc::Status& status) {
 
 Status MasterClient::Sign(const Connection& connection, const char* name,
                           const google::protobuf::MessageLite& request,
-                          grpc::ClientContext* context, uint64_t* session_id) const {
+                          grpc::ClientContext* context, uint64_t* session_id,
+                          grpc::ByteBuffer* body) const {
   LARDER_RETURN_IF_ERROR(init_status_);
   if (options_.auth_token.empty()) return Status::Ok();
   LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Session> session, CurrentSession(connection));
+  // The request is serialized once, as SerializeForMac does (deterministically), and sent as
+  // these very bytes: the master checks the proof over what it received.
+  const size_t size = request.ByteSizeLong();
+  grpc::Slice bytes(size);
+  {
+    google::protobuf::io::ArrayOutputStream array(const_cast<uint8_t*>(bytes.begin()),
+                                                  static_cast<int>(size));
+    google::protobuf::io::CodedOutputStream coded(&array);
+    coded.SetSerializationDeterministic(true);
+    request.SerializeWithCachedSizes(&coded);
+    if (coded.HadError() || static_cast<size_t>(coded.ByteCount()) != size) {
+      return InternalError(std::string("cannot serialize the request of ") + name);
+    }
+  }
   const uint64_t sequence = sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
   control_auth::Digest mac =
-      control_auth::CallMac(session->key, name, sequence, SerializeForMac(request));
+      control_auth::CallMac(session->key, name, sequence,
+                            control_auth::BodyHash(std::string_view(
+                                reinterpret_cast<const char*>(bytes.begin()), bytes.size())));
   context->AddMetadata(control_auth::kMetadataKey,
                        control_auth::EncodeMetadata(session->id, sequence, mac));
   *session_id = session->id;
+  *body = grpc::ByteBuffer(&bytes, 1);
   return Status::Ok();
+}
+
+const grpc::internal::RpcMethod& MasterClient::Connection::Method(const char* name) const {
+  MutexLock lock(methods_mu);
+  for (const std::unique_ptr<RegisteredMethod>& known : methods) {
+    if (known->name == name) return *known->method;
+  }
+  auto added = std::make_unique<RegisteredMethod>();
+  added->name = name;
+  added->path = "/" + std::string(proto::Master::service_full_name()) + "/" + name;
+  added->method = std::make_unique<grpc::internal::RpcMethod>(
+      added->path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC, channel);
+  methods.push_back(std::move(added));
+  return *methods.back()->method;
 }
 
 Result<std::shared_ptr<const MasterClient::Session>> MasterClient::CurrentSession(

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
 
 #include <atomic>
 #include <chrono>
@@ -79,7 +80,8 @@ class MasterClient {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
       uint64_t session = 0;
-      if (Status signed_call = Sign(*connection, name, request, &context, &session);
+      grpc::ByteBuffer signed_body;  // with a cluster token: the request's bytes, as signed
+      if (Status signed_call = Sign(*connection, name, request, &context, &session, &signed_body);
           !signed_call.ok()) {
         if (signed_call.code() == StatusCode::kUnavailable && followed < kMaxFollows &&
             FollowLeader(*connection)) {
@@ -93,7 +95,14 @@ class MasterClient {
         }
         return signed_call;
       }
-      grpc::Status status = (connection->stub.get()->*method)(&context, request, reply);
+      // A signed request goes out as the bytes its proof covers, serialized once.
+      grpc::Status status =
+          signed_body.Valid()
+              ? grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, Reply, grpc::ByteBuffer,
+                                                  google::protobuf::MessageLite>(
+                    connection->channel.get(), connection->Method(name), &context, signed_body,
+                    reply)
+              : (connection->stub.get()->*method)(&context, request, reply);
       if (!session_renewed && IsUnknownSession(status)) {
         session_renewed = true;
         ForgetSession(*connection, session);
@@ -132,9 +141,19 @@ class MasterClient {
   };
   // A channel to one master, and the session opened there.
   struct Connection {
+    // The method `name` of the Master service on this channel, registered at its first use.
+    const grpc::internal::RpcMethod& Method(const char* name) const;
+
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<proto::Master::Stub> stub;
+    struct RegisteredMethod {
+      std::string name;
+      std::string path;  // "/larder.proto.Master/<name>": the RpcMethod points into it
+      std::unique_ptr<grpc::internal::RpcMethod> method;
+    };
+    mutable Mutex methods_mu;
+    mutable std::vector<std::unique_ptr<RegisteredMethod>> methods LARDER_GUARDED_BY(methods_mu);
     mutable Mutex session_mu;
     mutable std::shared_ptr<const Session> session LARDER_GUARDED_BY(session_mu);
   };
@@ -143,9 +162,11 @@ class MasterClient {
 
   // Adds the call's proof to `context` (opening a session first when there is none), and says
   // which session it used.
+  // With a cluster token: serializes the request into *body and adds its proof to the call's
+  // metadata. Without one, leaves *body empty (the stub serializes the request).
   Status Sign(const Connection& connection, const char* name,
               const google::protobuf::MessageLite& request, grpc::ClientContext* context,
-              uint64_t* session_id) const;
+              uint64_t* session_id, grpc::ByteBuffer* body) const;
   Result<std::shared_ptr<const Session>> CurrentSession(const Connection& connection) const;
   Result<std::shared_ptr<const Session>> OpenSession(const Connection& connection) const;
   void ForgetSession(const Connection& connection, uint64_t session_id) const;

@@ -1,8 +1,6 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 #include "common/control_auth.h"
 
-#include <openssl/sha.h>
-
 #include <cstring>
 
 #include "common/net.h"
@@ -62,15 +60,15 @@ std::string SessionKey(std::string_view token, std::string_view client_id,
 }
 
 Digest CallMac(std::string_view session_key, std::string_view method, uint64_t sequence,
-               std::string_view body) {
-  uint8_t body_hash[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(body.data()), body.size(), body_hash);
+               const Digest& body_hash) {
   return MacInput("larder-call-v1")
       .Add(method)
       .Add(sequence)
-      .Add(body_hash, sizeof(body_hash))
+      .Add(body_hash.data(), body_hash.size())
       .Sign(session_key);
 }
+
+Digest BodyHash(std::span<const std::string_view> pieces) { return Sha256(pieces); }
 
 std::string EncodeMetadata(uint64_t session_id, uint64_t sequence, const Digest& mac) {
   std::string out(kMetadataBytes, '\0');

@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -45,10 +46,13 @@ std::string IdentityMessage(std::string_view client_id, std::string_view client_
 std::string SessionKey(std::string_view token, std::string_view client_id,
                        std::string_view client_nonce, std::string_view server_nonce,
                        uint64_t session_id);
-// HMAC over the method's name, the sequence number and SHA-256 of the serialized request.
+// HMAC over the method's name, the sequence number and `body_hash`: SHA-256 of the serialized
+// request (BodyHash), as it was sent.
 Digest CallMac(std::string_view session_key, std::string_view method, uint64_t sequence,
-               std::string_view body);
-
+               const Digest& body_hash);
+// SHA-256 of a serialized request, given whole or in the pieces it arrived in.
+Digest BodyHash(std::span<const std::string_view> pieces);
+inline Digest BodyHash(std::string_view body) { return BodyHash(std::span(&body, 1)); }
 // The metadata value: session id | sequence | mac.
 std::string EncodeMetadata(uint64_t session_id, uint64_t sequence, const Digest& mac);
 // False when `value` does not have the metadata's size.

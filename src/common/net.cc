@@ -6,8 +6,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/hmac.h>
+#include <openssl/evp.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -345,11 +346,72 @@ Status RecvWithFd(int fd, void* data, size_t len, Fd* received, Deadline deadlin
   return Status();
 }
 
+namespace {
+
+// OpenSSL 3 looks an algorithm up by name on every one-shot call (HMAC(), SHA256()), which costs
+// more than hashing a short message. Each thread keeps one context per algorithm instead, fetched
+// once and set up again for each use.
+struct HmacContext {
+  HmacContext() {
+    EVP_MAC* mac = EVP_MAC_fetch(nullptr, OSSL_MAC_NAME_HMAC, nullptr);
+    ctx = mac == nullptr ? nullptr : EVP_MAC_CTX_new(mac);
+    EVP_MAC_free(mac);  // the context keeps its own reference
+    char digest[] = OSSL_DIGEST_NAME_SHA2_256;
+    const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                                 OSSL_PARAM_END};
+    if (ctx == nullptr || EVP_MAC_CTX_set_params(ctx, params) != 1) {
+      Log().critical("OpenSSL has no HMAC-SHA256");
+      std::abort();
+    }
+  }
+  ~HmacContext() { EVP_MAC_CTX_free(ctx); }
+  EVP_MAC_CTX* ctx;
+};
+
+struct Sha256Context {
+  Sha256Context() : md(EVP_MD_fetch(nullptr, OSSL_DIGEST_NAME_SHA2_256, nullptr)) {
+    ctx = EVP_MD_CTX_new();
+    if (md == nullptr || ctx == nullptr) {
+      Log().critical("OpenSSL has no SHA-256");
+      std::abort();
+    }
+  }
+  ~Sha256Context() {
+    EVP_MD_CTX_free(ctx);
+    EVP_MD_free(md);
+  }
+  EVP_MD* md;
+  EVP_MD_CTX* ctx;
+};
+
+}  // namespace
+
 std::array<uint8_t, 32> HmacSha256(std::string_view key, const void* data, size_t len) {
+  thread_local HmacContext hmac;
   std::array<uint8_t, 32> out{};
+  size_t out_len = 0;
+  if (EVP_MAC_init(hmac.ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(),
+                   nullptr) != 1 ||
+      EVP_MAC_update(hmac.ctx, static_cast<const unsigned char*>(data), len) != 1 ||
+      EVP_MAC_final(hmac.ctx, out.data(), &out_len, out.size()) != 1 || out_len != out.size()) {
+    Log().critical("HMAC-SHA256 failed");
+    std::abort();
+  }
+  return out;
+}
+
+std::array<uint8_t, 32> Sha256(std::span<const std::string_view> pieces) {
+  thread_local Sha256Context sha;
+  std::array<uint8_t, 32> out{};
+  bool ok = EVP_DigestInit_ex2(sha.ctx, sha.md, nullptr) == 1;
+  for (std::string_view piece : pieces) {
+    ok = ok && EVP_DigestUpdate(sha.ctx, piece.data(), piece.size()) == 1;
+  }
   unsigned int out_len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       static_cast<const unsigned char*>(data), len, out.data(), &out_len);
+  if (!ok || EVP_DigestFinal_ex(sha.ctx, out.data(), &out_len) != 1 || out_len != out.size()) {
+    Log().critical("SHA-256 failed");
+    std::abort();
+  }
   return out;
 }
 

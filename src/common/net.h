@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -101,6 +102,8 @@ Status RecvWithFd(int fd, void* data, size_t len, Fd* received, Deadline deadlin
 
 // HMAC-SHA256 of `data` under `key`.
 std::array<uint8_t, 32> HmacSha256(std::string_view key, const void* data, size_t len);
+// SHA-256 of the pieces, one after the other.
+std::array<uint8_t, 32> Sha256(std::span<const std::string_view> pieces);
 // Builds the input of an authentication MAC from typed fields. Every field is length-prefixed, so
 // two different field lists never produce the same bytes (no "ab"+"c" == "a"+"bc" confusion).
 // Each proof starts with a label naming what it proves (e.g. "larder-tcp-client-v1"), so a MAC

@@ -290,6 +290,27 @@ TEST(HmacTest, Rfc4231TestCase2) {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
+// Each thread reuses one HMAC context: a key longer than a block (hashed first) and a short one,
+// one after the other, each give their own RFC 4231 digest.
+TEST(HmacTest, Rfc4231TestCases6And2OnOneThread) {
+  const std::string long_key(131, '\xaa');
+  const std::string data = "Test Using Larger Than Block-Size Key - Hash Key First";
+  EXPECT_EQ(Hex(HmacSha256(long_key, data.data(), data.size())),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  const std::string nothing = "what do ya want for nothing?";
+  EXPECT_EQ(Hex(HmacSha256("Jefe", nothing.data(), nothing.size())),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST(Sha256Test, PiecesHashAsTheirConcatenation) {
+  const std::string_view abc = "abc";
+  EXPECT_EQ(Hex(Sha256(std::span(&abc, 1))),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string_view pieces[] = {"a", "", "bc"};
+  EXPECT_EQ(Sha256(pieces), Sha256(std::span(&abc, 1)));
+  EXPECT_EQ(Hex(Sha256({})), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
 TEST(HmacTest, DifferentKeysGiveDifferentDigests) {
   const std::string data = "nonce";
   EXPECT_NE(HmacSha256("secret", data.data(), data.size()),

@@ -141,7 +141,7 @@ Result<SessionTable::Opened> SessionTable::Open(std::string_view client_id,
 }
 
 Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string_view method,
-                                          const std::function<std::string()>& body) {
+                                          const std::function<control_auth::Digest()>& body_hash) {
   uint64_t session_id = 0, sequence = 0;
   control_auth::Digest mac{};
   if (metadata.empty()) {
@@ -161,7 +161,8 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
     return UnauthenticatedError("unknown session (the master restarted, or the session expired)")
         .WithDetail(ErrorDetail::kUnknownSession);
   }
-  control_auth::Digest expected = control_auth::CallMac(session->key, method, sequence, body());
+  control_auth::Digest expected =
+      control_auth::CallMac(session->key, method, sequence, body_hash());
   if (!DigestEqual(expected.data(), mac.data())) {
     return UnauthenticatedError("wrong proof for " + std::string(method));
   }

@@ -81,10 +81,11 @@ class SessionTable {
   // Checks a call's `larder-auth-bin` metadata against the method and the serialized request.
   // Errors: Unauthenticated (missing or malformed proof, wrong mac, replayed sequence number; an
   // unknown session has the detail ErrorDetail::kUnknownSession).
-  // `body` serializes the request; it is called only once the metadata names a known session, so
-  // a caller without one costs no work proportional to its request.
+  // `body_hash` hashes the request as it was sent (control_auth::BodyHash); it is called only once
+  // the metadata names a known session, so a caller without one costs no work proportional to its
+  // request.
   Result<CallIdentity> Verify(std::string_view metadata, std::string_view method,
-                              const std::function<std::string()>& body);
+                              const std::function<control_auth::Digest()>& body_hash);
 
   // Closes the sessions of a client that left.
   void CloseClient(std::string_view client_id);
