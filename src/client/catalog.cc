@@ -61,15 +61,23 @@ Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64
       it->second.identity = identity.value_or(0);
     }
   };
+  if (changes.touch_offset_size() != changes.touch_last_access_size()) {
+    return InternalError("larder-master sent TOUCH columns of different lengths");
+  }
   if (changes.reset()) entries_.clear();
   incarnation_ = incarnation;
+  // TOUCHes sent apart fill, in order, the seqs that the changes leave out.
+  uint64_t touches_left = static_cast<uint64_t>(changes.touch_offset_size());
   for (const proto::CatalogChange& change : changes.changes()) {
-    if (!changes.reset() && change.seq() != seq_ + 1) {
-      identify_added();
-      return InternalError("larder-master sent catalog change " + std::to_string(change.seq()) +
-                           " where " + std::to_string(seq_ + 1) + " was next");
+    if (!changes.reset()) {
+      if (change.seq() <= seq_ || change.seq() - seq_ - 1 > touches_left) {
+        identify_added();
+        return InternalError("larder-master sent catalog change " + std::to_string(change.seq()) +
+                             " where " + std::to_string(seq_ + 1) + " was next");
+      }
+      touches_left -= change.seq() - seq_ - 1;
+      seq_ = change.seq();
     }
-    if (!changes.reset()) seq_ = change.seq();
     const proto::CatalogEntry& in = change.entry();
     switch (change.kind()) {
       case proto::CatalogChange::ADD: {
@@ -99,6 +107,24 @@ Status SegmentCatalog::Apply(const proto::SegmentCatalogChanges& changes, uint64
       }
       default:
         break;  // a kind this client does not know changes nothing it holds
+    }
+  }
+  if (!changes.reset() && touches_left > 0) {
+    if (changes.last_seq() != seq_ + touches_left) {
+      identify_added();
+      return InternalError("larder-master sent " + std::to_string(touches_left) +
+                           " TOUCHes after catalog change " + std::to_string(seq_) +
+                           " to fill up to " + std::to_string(changes.last_seq()));
+    }
+    seq_ = changes.last_seq();
+  }
+  // A TOUCH keeps the larger tick of the entry at its offset: applied after the changes it was
+  // logged among, it ends where it would have in order (a late one's tick is older than any ADD
+  // that reused its offset since).
+  for (int i = 0; i < changes.touch_offset_size(); ++i) {
+    auto it = entries_.find(changes.touch_offset(i));
+    if (it != entries_.end()) {
+      it->second.last_access = std::max(it->second.last_access, changes.touch_last_access(i));
     }
   }
   if (changes.reset()) seq_ = changes.last_seq();

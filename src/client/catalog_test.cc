@@ -53,6 +53,45 @@ TEST(SegmentCatalogTest, AppliesAddsRemovesAndTouchesInOrder) {
   EXPECT_EQ(reported[0], std::make_tuple(std::string("a"), uint64_t{100}, uint64_t{9}));
 }
 
+// TOUCHes in columns fill the seqs that the changes leave out; a late one (its object replaced at
+// its offset since) leaves the newer entry's tick alone.
+TEST(SegmentCatalogTest, TouchesApartFillTheSeqsBetweenChanges) {
+  SegmentCatalog catalog;
+  proto::SegmentCatalogChanges changes;
+  *changes.add_changes() = Change(1, proto::CatalogChange::ADD, "a", 0, 100, 5);
+  *changes.add_changes() = Change(2, proto::CatalogChange::ADD, "b", 128, 64, 6);
+  // seq 3: TOUCH a (tick 9); seq 4: REMOVE b; seq 5: ADD c at b's offset (tick 12);
+  // seqs 6 and 7: TOUCH of b logged late (tick 7), TOUCH c (tick 20)
+  *changes.add_changes() = Change(4, proto::CatalogChange::REMOVE, "b", 128);
+  *changes.add_changes() = Change(5, proto::CatalogChange::ADD, "c", 128, 32, 12);
+  for (auto [offset, tick] : {std::pair<uint64_t, uint64_t>{0, 9}, {128, 7}, {0, 8}}) {
+    changes.add_touch_offset(offset);
+    changes.add_touch_last_access(tick);
+  }
+  changes.set_last_seq(7);
+  ASSERT_TRUE(catalog.Apply(changes, 1).ok());
+  EXPECT_EQ(catalog.seq(), 7u);
+  auto reported = Reported(catalog);
+  ASSERT_EQ(reported.size(), 2u);
+  EXPECT_EQ(reported[0], std::make_tuple(std::string("a"), uint64_t{100}, uint64_t{9}));
+  EXPECT_EQ(reported[128], std::make_tuple(std::string("c"), uint64_t{32}, uint64_t{12}));
+
+  // Touches that do not fill the numbering up to last_seq, or columns of different lengths, are
+  // refused: the client then asks for the whole catalog.
+  proto::SegmentCatalogChanges short_of = changes;
+  short_of.clear_changes();
+  short_of.set_last_seq(12);  // seqs 8..12: five touches needed, three sent
+  EXPECT_FALSE(catalog.Apply(short_of, 1).ok());
+  proto::SegmentCatalogChanges too_many = short_of;
+  too_many.set_last_seq(9);
+  *too_many.add_changes() = Change(9, proto::CatalogChange::ADD, "d", 256, 8, 30);
+  EXPECT_FALSE(catalog.Apply(too_many, 1).ok());  // three touches, one free seq (8)
+  proto::SegmentCatalogChanges uneven;
+  uneven.add_touch_offset(0);
+  uneven.set_last_seq(8);
+  EXPECT_FALSE(catalog.Apply(uneven, 1).ok());
+}
+
 TEST(SegmentCatalogTest, RemoveOfAnotherKeyAtTheOffsetKeepsTheEntry) {
   SegmentCatalog catalog;
   proto::SegmentCatalogChanges changes;

@@ -265,6 +265,7 @@ bool MasterMembership::SyncCatalog(bool* removed) {
   }
   if (id == 0) return false;
   request.set_client_id(options_.client_id);
+  request.set_touches_apart(true);
   proto::CatalogAck* ack = request.add_acks();
   ack->set_segment_id(id);
   ack->set_seq(catalog_.seq());

@@ -147,5 +147,43 @@ TEST_F(CatalogServiceTest, SyncIsRefusedToUnknownClientsAndBounded) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// A client that asks for TOUCHes apart gets them as columns, filling the seqs the other changes
+// leave out; one that does not gets them as changes, as before.
+TEST_F(CatalogServiceTest, TouchesComeAsColumnsToClientsThatAskForThem) {
+  const uint64_t segment = Mount("a", 1, {{"good", 0}}).segment_id(0);
+  grpc::ServerContext context;
+  // 10,000 gets of the key in one batch: a TOUCH at each epoch of 4096 ticks it enters.
+  proto::BatchKeysRequest get;
+  get.set_client_id("a");
+  for (int i = 0; i < 10000; ++i) get.add_keys("good");
+  proto::BatchGetReplicasReply got;
+  ASSERT_TRUE(service_->BatchGetReplicas(&context, &get, &got).ok());
+  proto::SyncCatalogRequest sync;
+  sync.set_client_id("a");
+  proto::CatalogAck* ack = sync.add_acks();
+  ack->set_segment_id(segment);
+  proto::SyncCatalogReply as_changes;
+  ASSERT_TRUE(service_->SyncCatalog(&context, &sync, &as_changes).ok());
+  ASSERT_EQ(as_changes.segments_size(), 1);
+  const proto::SegmentCatalogChanges& old_form = as_changes.segments(0);
+  ASSERT_EQ(old_form.changes_size(), 2);
+  EXPECT_EQ(old_form.touch_offset_size(), 0);
+  sync.set_touches_apart(true);
+  proto::SyncCatalogReply as_columns;
+  ASSERT_TRUE(service_->SyncCatalog(&context, &sync, &as_columns).ok());
+  ASSERT_EQ(as_columns.segments_size(), 1);
+  const proto::SegmentCatalogChanges& columns = as_columns.segments(0);
+  EXPECT_EQ(columns.changes_size(), 0);
+  ASSERT_EQ(columns.touch_offset_size(), 2);
+  ASSERT_EQ(columns.touch_last_access_size(), 2);
+  EXPECT_EQ(columns.last_seq(), old_form.last_seq());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(old_form.changes(i).kind(), proto::CatalogChange::TOUCH);
+    EXPECT_EQ(columns.touch_offset(i), old_form.changes(i).entry().offset());
+    EXPECT_EQ(columns.touch_last_access(i), old_form.changes(i).entry().last_access());
+    EXPECT_TRUE(old_form.changes(i).entry().key().empty()) << "a TOUCH names its offset only";
+  }
+}
+
 }  // namespace
 }  // namespace larder::master
