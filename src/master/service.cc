@@ -149,16 +149,6 @@ grpc::Status CheckKeysRequest(const proto::BatchKeysRequest& request) {
 }
 
 // Views of the request's keys, valid while the request is.
-// Parses a message from the pieces its bytes came in (usually one): false when they hold none.
-bool ParsePieces(std::span<const std::string_view> pieces, google::protobuf::MessageLite* message) {
-  if (pieces.size() == 1) {
-    return message->ParseFromArray(pieces[0].data(), static_cast<int>(pieces[0].size()));
-  }
-  std::string joined;
-  for (std::string_view piece : pieces) joined.append(piece);
-  return message->ParseFromString(joined);
-}
-
 std::vector<std::string_view> Keys(const proto::BatchKeysRequest& request) {
   return {request.keys().begin(), request.keys().end()};
 }
@@ -194,12 +184,7 @@ enum class Need {
   kAdmin,   // an operator session (the admin token)
 };
 
-// BatchGetReplicas, the call of every read, is served on gRPC's callback API with the request's
-// raw bytes: its handler runs on the thread that read the request (the synchronous API hands each
-// call to a worker thread), and the proof of a call is checked over the bytes as they came, with
-// no second serialization of the request.
-class MasterService final
-    : public proto::Master::WithRawCallbackMethod_BatchGetReplicas<proto::Master::Service> {
+class MasterService final : public proto::Master::Service {
  public:
   MasterService(MasterState* state, SessionTable* sessions, const ServingGate* gate)
       : state_(state), sessions_(sessions), gate_(gate) {}
@@ -256,16 +241,8 @@ class MasterService final
   // Checks the call's proof (when the master has a token) and that its session may act as the
   // request says. Run first in every method: nothing is done for a call that fails it.
   template <typename Request>
-  grpc::Status Authorize(grpc::ServerContextBase* context, const char* method,
-                         const Request& request, Need need) {
-    return Authorize(context, method, request, need,
-                     [&request] { return control_auth::BodyHash(SerializeForMac(request)); });
-  }
-  // As above, where the request's bytes as they came are at hand: `body_hash` hashes them.
-  template <typename Request>
-  grpc::Status Authorize(grpc::ServerContextBase* context, const char* method,
-                         const Request& request, Need need,
-                         const std::function<control_auth::Digest()>& body_hash) {
+  grpc::Status Authorize(grpc::ServerContext* context, const char* method, const Request& request,
+                         Need need) {
     if (grpc::Status serving = CheckServing(); !serving.ok()) return serving;
     if (!sessions_->enabled()) return grpc::Status::OK;
     std::string_view metadata;
@@ -273,7 +250,8 @@ class MasterService final
     if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
       metadata = std::string_view(it->second.data(), it->second.size());
     }
-    auto identity = sessions_->Verify(metadata, method, body_hash);
+    auto identity = sessions_->Verify(
+        metadata, method, [&request] { return control_auth::BodyHash(SerializeForMac(request)); });
     if (!identity.ok()) return ToGrpc(identity.status());
     if constexpr (requires { request.client_id(); }) {
       if (need == Need::kSelf && request.client_id() != identity->client_id) {
@@ -565,64 +543,23 @@ class MasterService final
     return StatusList(revoked, reply);
   }
 
-  grpc::ServerUnaryReactor* BatchGetReplicas(grpc::CallbackServerContext* context,
-                                             const grpc::ByteBuffer* request,
-                                             grpc::ByteBuffer* response) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(RawGetReplicas(context, *request, response));
-    return reactor;
-  }
-
-  grpc::Status RawGetReplicas(grpc::ServerContextBase* context, const grpc::ByteBuffer& raw,
-                              grpc::ByteBuffer* response) {
-    std::vector<grpc::Slice> slices;
-    if (!raw.Dump(&slices).ok()) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the request's bytes");
-    }
-    std::vector<std::string_view> pieces;
-    pieces.reserve(slices.size());
-    for (const grpc::Slice& slice : slices) {
-      pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-    proto::BatchKeysRequest request;
-    if (!ParsePieces(pieces, &request)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed BatchGetReplicas request");
-    }
-    proto::BatchGetReplicasReply reply;
-    grpc::Status status =
-        GetReplicas(context, request, &reply, [&pieces] { return control_auth::BodyHash(pieces); });
-    if (!status.ok()) return status;
-    bool own = false;
-    return grpc::SerializationTraits<proto::BatchGetReplicasReply>::Serialize(reply, response,
-                                                                              &own);
-  }
-
-  // The typed form, for callers in this process (the request fuzzer).
   grpc::Status BatchGetReplicas(grpc::ServerContext* context,
                                 const proto::BatchKeysRequest* request,
                                 proto::BatchGetReplicasReply* reply) override {
-    return GetReplicas(context, *request, reply,
-                       [request] { return control_auth::BodyHash(SerializeForMac(*request)); });
-  }
-
-  grpc::Status GetReplicas(grpc::ServerContextBase* context, const proto::BatchKeysRequest& request,
-                           proto::BatchGetReplicasReply* reply,
-                           const std::function<control_auth::Digest()>& body_hash) {
-    if (auto denied = Authorize(context, "BatchGetReplicas", request, Need::kSelf, body_hash);
-        !denied.ok()) {
+    if (auto denied = Authorize(context, "BatchGetReplicas", *request, Need::kSelf); !denied.ok()) {
       return denied;
     }
-    if (grpc::Status bad = CheckKeysRequest(request); !bad.ok()) return bad;
-    const auto& release = request.release_leases();
+    if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
+    const auto& release = request->release_leases();
     auto batch =
-        state_->BatchGetReplicas(request.client_id(), Keys(request),
-                                 request.metadata_only() ? GetMode::kPeek
-                                 : request.quiet()       ? GetMode::kLeaseQuiet
-                                                         : GetMode::kLease,
+        state_->BatchGetReplicas(request->client_id(), Keys(*request),
+                                 request->metadata_only() ? GetMode::kPeek
+                                 : request->quiet()       ? GetMode::kLeaseQuiet
+                                                          : GetMode::kLease,
                                  std::span(release.data(), static_cast<size_t>(release.size())));
     if (!batch.ok()) return ToGrpc(batch.status());
     if (state_->disk().active()) {
-      AnswerFromDisk(request, &batch->items);
+      AnswerFromDisk(*request, &batch->items);
     }
     const int n = static_cast<int>(batch->items.size());
     reply->mutable_size()->Reserve(n);
