@@ -200,19 +200,12 @@ Status MasterClient::Sign(const Connection& connection, const char* name,
   LARDER_RETURN_IF_ERROR(init_status_);
   if (options_.auth_token.empty()) return Status::Ok();
   LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Session> session, CurrentSession(connection));
-  // The request is serialized once, as SerializeForMac does (deterministically), and sent as
-  // these very bytes: the master checks the proof over what it received.
+  // The request is serialized once, as its proof covers it (SerializeForMac), and sent as these
+  // very bytes: the master's own deterministic serialization of what it parsed is the same.
   const size_t size = request.ByteSizeLong();
   grpc::Slice bytes(size);
-  {
-    google::protobuf::io::ArrayOutputStream array(const_cast<uint8_t*>(bytes.begin()),
-                                                  static_cast<int>(size));
-    google::protobuf::io::CodedOutputStream coded(&array);
-    coded.SetSerializationDeterministic(true);
-    request.SerializeWithCachedSizes(&coded);
-    if (coded.HadError() || static_cast<size_t>(coded.ByteCount()) != size) {
-      return InternalError(std::string("cannot serialize the request of ") + name);
-    }
+  if (!SerializeForMacTo(request, size, const_cast<uint8_t*>(bytes.begin()))) {
+    return InternalError(std::string("cannot serialize the request of ") + name);
   }
   const uint64_t sequence = sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
   control_auth::Digest mac =

@@ -11,18 +11,26 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/message_lite.h>
 
+#include <cstdint>
 #include <string>
 
 namespace larder {
 
+// Writes those bytes into `out`, which holds `size` bytes: message.ByteSizeLong(), computed just
+// before (it caches the sizes the serialization uses). False when they did not come out whole.
+inline bool SerializeForMacTo(const google::protobuf::MessageLite& message, size_t size,
+                              uint8_t* out) {
+  google::protobuf::io::ArrayOutputStream array(out, static_cast<int>(size));
+  google::protobuf::io::CodedOutputStream coded(&array);
+  coded.SetSerializationDeterministic(true);
+  message.SerializeWithCachedSizes(&coded);
+  return !coded.HadError() && static_cast<size_t>(coded.ByteCount()) == size;
+}
+
 inline std::string SerializeForMac(const google::protobuf::MessageLite& message) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
-  }
+  const size_t size = message.ByteSizeLong();
+  std::string out(size, '\0');
+  SerializeForMacTo(message, size, reinterpret_cast<uint8_t*>(out.data()));
   return out;
 }
 
