@@ -200,20 +200,27 @@ Status MasterClient::Sign(const Connection& connection, const char* name,
   LARDER_RETURN_IF_ERROR(init_status_);
   if (options_.auth_token.empty()) return Status::Ok();
   LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Session> session, CurrentSession(connection));
-  // The request is serialized once, as its proof covers it (SerializeForMac), and sent as these
-  // very bytes: the master's own deterministic serialization of what it parsed is the same.
+  // The request is serialized once, deterministically, and sent as the very bytes its proof
+  // covers: followed by the proof where the master takes it there, else with the proof in
+  // metadata (an older master hashes its own deterministic serialization of what it parsed: the
+  // same bytes).
   const size_t size = request.ByteSizeLong();
-  grpc::Slice bytes(size);
-  if (!SerializeForMacTo(request, size, const_cast<uint8_t*>(bytes.begin()))) {
+  const size_t trailer = session->proof_in_body ? control_auth::kTrailerBytes : 0;
+  grpc::Slice bytes(size + trailer);
+  uint8_t* out = const_cast<uint8_t*>(bytes.begin());
+  if (!SerializeForMacTo(request, size, out)) {
     return InternalError(std::string("cannot serialize the request of ") + name);
   }
   const uint64_t sequence = sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
-  control_auth::Digest mac =
-      control_auth::CallMac(session->key, name, sequence,
-                            control_auth::BodyHash(std::string_view(
-                                reinterpret_cast<const char*>(bytes.begin()), bytes.size())));
-  context->AddMetadata(control_auth::kMetadataKey,
-                       control_auth::EncodeMetadata(session->id, sequence, mac));
+  control_auth::Digest mac = control_auth::CallMac(
+      session->key, name, sequence,
+      control_auth::BodyHash(std::string_view(reinterpret_cast<const char*>(out), size)));
+  if (session->proof_in_body) {
+    control_auth::EncodeTrailer(session->id, sequence, mac, out + size);
+  } else {
+    context->AddMetadata(control_auth::kMetadataKey,
+                         control_auth::EncodeMetadata(session->id, sequence, mac));
+  }
   *session_id = session->id;
   *body = grpc::ByteBuffer(&bytes, 1);
   return Status::Ok();
@@ -304,6 +311,7 @@ Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession(
   session->id = opened.session_id();
   session->key = control_auth::SessionKey(options_.auth_token, options_.client_id, client_nonce,
                                           challenge.server_nonce(), opened.session_id());
+  session->proof_in_body = challenge.proof_in_body();
   return std::shared_ptr<const Session>(std::move(session));
 }
 

@@ -138,6 +138,7 @@ class MasterClient {
   struct Session {
     uint64_t id = 0;
     std::string key;
+    bool proof_in_body = false;  // the master takes a call's proof after its request's bytes
   };
   // A channel to one master, and the session opened there.
   struct Connection {

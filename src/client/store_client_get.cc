@@ -2,6 +2,8 @@
 // StoreClientImpl: the get path (BatchGetReplicas under a lease, reads from the best reachable
 // replica, one retry of the reads a lease outran, waits for keys brought back from disk).
 
+#include <google/protobuf/arena.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -57,8 +59,10 @@ std::vector<Status> StoreClientImpl::GetOnce(std::span<const std::string> keys,
                                              const CallScope& scope) {
   const size_t n = keys.size();
   if (n == 0) return {};
-  proto::BatchKeysRequest request;
-  proto::BatchGetReplicasReply reply;
+  // The request and reply on an arena: the keys' string objects are not allocated one by one.
+  google::protobuf::Arena arena;
+  auto& request = *google::protobuf::Arena::CreateMessage<proto::BatchKeysRequest>(&arena);
+  auto& reply = *google::protobuf::Arena::CreateMessage<proto::BatchGetReplicasReply>(&arena);
   AddKeys(keys, request.mutable_keys(), scope);
   request.set_quiet(scope.quiet);
   SteadyClock::time_point asked = SteadyClock::now();

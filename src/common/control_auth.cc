@@ -86,6 +86,31 @@ bool DecodeMetadata(std::string_view value, uint64_t* session_id, uint64_t* sequ
   return true;
 }
 
+namespace {
+
+// The trailer's tag and length: kTrailerField with wire type 2 as a varint, then kMetadataBytes.
+constexpr uint8_t kTrailerHead[6] = {0xfa, 0xff, 0xff, 0xff, 0x0f, kMetadataBytes};
+static_assert((uint64_t{kTrailerField} << 3 | 2) == 0xfffffffa && kMetadataBytes < 128);
+
+}  // namespace
+
+void EncodeTrailer(uint64_t session_id, uint64_t sequence, const Digest& mac, uint8_t* out) {
+  std::memcpy(out, kTrailerHead, sizeof(kTrailerHead));
+  out += sizeof(kTrailerHead);
+  std::memcpy(out, &session_id, 8);
+  std::memcpy(out + 8, &sequence, 8);
+  std::memcpy(out + 16, mac.data(), mac.size());
+}
+
+bool SplitTrailer(std::string_view bytes, std::string_view* request, std::string_view* proof) {
+  if (bytes.size() < kTrailerBytes) return false;
+  const size_t at = bytes.size() - kTrailerBytes;
+  if (std::memcmp(bytes.data() + at, kTrailerHead, sizeof(kTrailerHead)) != 0) return false;
+  *request = bytes.substr(0, at);
+  *proof = bytes.substr(at + sizeof(kTrailerHead));
+  return true;
+}
+
 bool Equal(const Digest& a, std::string_view b) {
   return b.size() == a.size() && DigestEqual(a.data(), reinterpret_cast<const uint8_t*>(b.data()));
 }

@@ -12,9 +12,10 @@
 // engine's public key and its signature of IdentityMessage(client_id, Nc, Ns) in OpenSession: the
 // master checks that the key's fingerprint is the id's, so only that engine can open its session.
 // Both sides then derive the session key SessionKey(token, client_id, Nc, Ns, session_id); it never
-// travels. Every later call carries, in the `larder-auth-bin` metadata entry, the session id, a
-// sequence number (the master accepts each number once, within a window of recent ones) and
-// CallMac(session key, method, sequence, serialized request). So a captured call cannot be
+// travels. Every later call carries the session id, a sequence number (the master accepts each
+// number once, within a window of recent ones) and CallMac(session key, method, sequence,
+// serialized request): at the end of the request's bytes (EncodeTrailer) where the master's
+// challenge offers it, else in the `larder-auth-bin` metadata entry. So a captured call cannot be
 // replayed or altered, a session cannot be used for another client id than the one it was opened
 // for, and a master that does not hold the token cannot pass a client's check of ServerProof.
 #pragma once
@@ -57,6 +58,17 @@ inline Digest BodyHash(std::string_view body) { return BodyHash(std::span(&body,
 std::string EncodeMetadata(uint64_t session_id, uint64_t sequence, const Digest& mac);
 // False when `value` does not have the metadata's size.
 bool DecodeMetadata(std::string_view value, uint64_t* session_id, uint64_t* sequence, Digest* mac);
+
+// The proof carried in the request's bytes: the same metadata value as protobuf field
+// kTrailerField (length-delimited), appended after the serialized request. A parser that does not
+// know the field skips it; the proof covers the bytes before it. kTrailerBytes in all.
+inline constexpr uint32_t kTrailerField = 536870911;  // the largest field number protobuf allows
+inline constexpr size_t kTrailerBytes = 5 + 1 + kMetadataBytes;  // tag, length, value
+// Writes the trailer into `out`, which holds kTrailerBytes.
+void EncodeTrailer(uint64_t session_id, uint64_t sequence, const Digest& mac, uint8_t* out);
+// Splits `bytes` into the request and its trailer's value (a metadata value). False when they do
+// not end with a trailer.
+bool SplitTrailer(std::string_view bytes, std::string_view* request, std::string_view* proof);
 
 // Equality of two digests in constant time.
 bool Equal(const Digest& a, std::string_view b);

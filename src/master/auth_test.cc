@@ -553,6 +553,106 @@ TEST(MasterAuthTest, ACapturedGetCannotBeReplayedOrAltered) {
   EXPECT_TRUE(call(get, 6, get).ok());
 }
 
+// The proof as current clients send it: appended to the request's bytes (ChallengeReply's
+// proof_in_body), checked over exactly the bytes before it, before any of them is parsed.
+TEST(MasterAuthTest, AProofAfterTheRequestCoversTheBytesBeforeIt) {
+  auto server = StartMaster(kToken);
+  ASSERT_NE(server, nullptr);
+  auto stub = RawStub(*server);
+  {
+    grpc::ClientContext context;
+    proto::ChallengeReply challenge;
+    ASSERT_TRUE(stub->Challenge(&context, proto::ChallengeRequest(), &challenge).ok());
+    EXPECT_TRUE(challenge.proof_in_body());
+  }
+  const auto [session, key] = OpenSessionByHand(*stub, "c1");
+  grpc::GenericStub generic(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  // Sends `bytes` as the request of `method`; the reply's bytes come back in `reply`.
+  auto send = [&](const std::string& method, const std::string& bytes,
+                  std::string* reply = nullptr) {
+    grpc::ClientContext context;
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, "/larder.proto.Master/" + method, grpc::StubOptions(), &request,
+                      &response, [&done](grpc::Status status) { done.set_value(status); });
+    grpc::Status status = done.get_future().get();
+    if (status.ok() && reply != nullptr) {
+      std::vector<grpc::Slice> slices;
+      EXPECT_TRUE(response.Dump(&slices).ok());
+      reply->clear();
+      for (const grpc::Slice& piece : slices) {
+        reply->append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+      }
+    }
+    return status;
+  };
+  // `request` followed by the proof of `signed_bytes` (by default, `request` itself).
+  auto proven = [&, session = session, key = key](const std::string& method,
+                                                  const std::string& request, uint64_t sequence,
+                                                  const std::string* signed_bytes = nullptr) {
+    std::string bytes = request;
+    bytes.resize(request.size() + control_auth::kTrailerBytes);
+    control_auth::EncodeTrailer(
+        session, sequence,
+        control_auth::CallMac(key, method, sequence,
+                              control_auth::BodyHash(signed_bytes ? *signed_bytes : request)),
+        reinterpret_cast<uint8_t*>(bytes.data() + request.size()));
+    return bytes;
+  };
+  proto::MountSegmentsRequest mount;
+  mount.set_client_id("c1");
+  ASSERT_TRUE(send("MountSegments", proven("MountSegments", mount.SerializeAsString(), 1)).ok());
+  proto::BatchKeysRequest get;
+  get.set_client_id("c1");
+  get.add_keys("page/1");
+  const std::string get_bytes = get.SerializeAsString();
+  const std::string first = proven("BatchGetReplicas", get_bytes, 2);
+  std::string reply_bytes;
+  const grpc::Status ok = send("BatchGetReplicas", first, &reply_bytes);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  proto::BatchGetReplicasReply reply;
+  ASSERT_TRUE(reply.ParseFromString(reply_bytes));
+  ASSERT_EQ(reply.errors_size(), 1);  // no such key, answered per key
+  EXPECT_EQ(reply.errors(0).status().code(), static_cast<int>(StatusCode::kNotFound));
+  // The same bytes again: a replay.
+  EXPECT_EQ(send("BatchGetReplicas", first).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Another key under the first call's proof.
+  proto::BatchKeysRequest altered = get;
+  altered.set_keys(0, "page/2");
+  EXPECT_EQ(send("BatchGetReplicas",
+                 proven("BatchGetReplicas", altered.SerializeAsString(), 3, &get_bytes))
+                .error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // Bytes after the proof: it is no longer at the end, and the call has none.
+  EXPECT_EQ(
+      send("BatchGetReplicas", proven("BatchGetReplicas", get_bytes, 4) + get_bytes).error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+  // A proof for another method.
+  EXPECT_EQ(send("BatchRemove", proven("BatchGetReplicas", get_bytes, 5)).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // No proof at all.
+  const grpc::Status bare = send("BatchGetReplicas", get_bytes);
+  EXPECT_EQ(bare.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(bare.error_message().find("requires the cluster token"), std::string::npos);
+  // A proven call for another client.
+  proto::BatchKeysRequest other = get;
+  other.set_client_id("c2");
+  EXPECT_EQ(send("BatchGetReplicas", proven("BatchGetReplicas", other.SerializeAsString(), 6))
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Proven bytes that are no request: refused as such, and the master serves on.
+  const grpc::Status junk = send("BatchGetReplicas", proven("BatchGetReplicas", "\xff\xff", 7));
+  EXPECT_EQ(junk.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << junk.error_message();
+  EXPECT_TRUE(send("BatchGetReplicas", proven("BatchGetReplicas", get_bytes, 8)).ok());
+  // The proof's field is one an older master skips: the request parses as it was.
+  proto::BatchKeysRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(first));
+  EXPECT_EQ(parsed.keys(0), "page/1");
+  EXPECT_EQ(parsed.client_id(), "c1");
+}
+
 TEST(MasterAuthTest, ATokenHoldingClientRefusesAMasterWithoutTheToken) {
   auto server = StartMaster("");
   ASSERT_NE(server, nullptr);

@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.clock = [] { return now; };
   master::MasterState state(options);
   master::SessionTable sessions(master::AuthOptions{});
-  auto service = master::NewMasterService(&state, &sessions);
+  auto service = master::NewMasterHandlers(&state, &sessions);
   using S = proto::Master::Service;
   size_t calls = 0;
   while (size >= 3 && calls++ < kMaxCalls) {

@@ -120,7 +120,7 @@ struct MasterServer::Impl {
   MasterServerOptions options;
   std::unique_ptr<SessionTable> sessions;
   std::unique_ptr<MasterState> state;
-  std::unique_ptr<proto::Master::Service> service;
+  std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> grpc_server;
   int port = 0;
   std::unique_ptr<GuardedHttpServer> http;

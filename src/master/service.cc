@@ -7,11 +7,16 @@
 #include "common/error_detail_wire.h"
 #include "common/limits.h"
 #include "common/logging.h"
-#include "common/proto_mac.h"
 #include "common/segment_descriptor_proto.h"
 #include "larder/transfer_engine.h"
 
 namespace larder::master {
+
+grpc::Status ToGrpc(const Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message(),
+                      ErrorDetailToWire(status.detail()));
+}
+
 namespace {
 
 void SetStatus(proto::ItemStatus* out, const Status& status) {
@@ -27,11 +32,6 @@ bool IsGaugeName(std::string_view name) {
          std::all_of(name.begin(), name.end(), [](char c) {
            return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
          });
-}
-
-grpc::Status ToGrpc(const Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message(),
-                      ErrorDetailToWire(status.detail()));
 }
 
 void FillReplicas(const ReplicaLocations& replicas,
@@ -177,17 +177,9 @@ DiskHolderReport HolderReport(const proto::DiskHolder& holder) {
                           holder.records()};
 }
 
-// What a call needs from its session.
-enum class Need {
-  kMember,  // any session (the caller holds the cluster token)
-  kSelf,    // a session of the client the request names
-  kAdmin,   // an operator session (the admin token)
-};
-
 class MasterService final : public proto::Master::Service {
  public:
-  MasterService(MasterState* state, SessionTable* sessions, const ServingGate* gate)
-      : state_(state), sessions_(sessions), gate_(gate) {}
+  MasterService(MasterState* state, SessionTable* sessions) : state_(state), sessions_(sessions) {}
 
   // Keys a get found no object of, whose only copy is on a disk: a metadata read answers the
   // copy's size; a read asks the copy's holder to put the object back and answers kOnDisk, so that
@@ -230,60 +222,19 @@ class MasterService final : public proto::Master::Service {
     }
   }
 
-  // Unavailable (saying why) while this master may not serve: a standby, or a leader that lost
-  // its lease.
-  grpc::Status CheckServing() const {
-    if (gate_ == nullptr) return grpc::Status::OK;
-    Status serving = gate_->CheckServing();
-    return serving.ok() ? grpc::Status::OK : ToGrpc(serving);
-  }
-
-  // Checks the call's proof (when the master has a token) and that its session may act as the
-  // request says. Run first in every method: nothing is done for a call that fails it.
-  template <typename Request>
-  grpc::Status Authorize(grpc::ServerContext* context, const char* method, const Request& request,
-                         Need need) {
-    if (grpc::Status serving = CheckServing(); !serving.ok()) return serving;
-    if (!sessions_->enabled()) return grpc::Status::OK;
-    std::string_view metadata;
-    const auto& entries = context->client_metadata();
-    if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
-      metadata = std::string_view(it->second.data(), it->second.size());
-    }
-    auto identity = sessions_->Verify(
-        metadata, method, [&request] { return control_auth::BodyHash(SerializeForMac(request)); });
-    if (!identity.ok()) return ToGrpc(identity.status());
-    if constexpr (requires { request.client_id(); }) {
-      if (need == Need::kSelf && request.client_id() != identity->client_id) {
-        Log().warn("{}: session of client {} refused acting for client {}", method,
-                   identity->client_id, QuoteKey(request.client_id()));
-        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                            "this session acts for client '" + identity->client_id +
-                                "' only, not for " + QuoteKey(request.client_id()));
-      }
-    }
-    if (need == Need::kAdmin && !identity->admin) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          std::string(method) + " needs an operator session: " +
-                              (sessions_->has_admin_token()
-                                   ? "set LARDER_ADMIN_TOKEN to the master's admin token"
-                                   : "this master has no admin token (--admin-token-file)"));
-    }
-    return grpc::Status::OK;
-  }
-
   grpc::Status Challenge(grpc::ServerContext*, const proto::ChallengeRequest*,
                          proto::ChallengeReply* reply) override {
-    if (grpc::Status serving = CheckServing(); !serving.ok()) return serving;
     reply->set_auth_required(sessions_->enabled());
-    if (sessions_->enabled()) reply->set_server_nonce(sessions_->NewChallenge());
+    if (sessions_->enabled()) {
+      reply->set_server_nonce(sessions_->NewChallenge());
+      reply->set_proof_in_body(true);  // see signed_service.cc
+    }
     reply->set_master_incarnation(state_->incarnation());
     return grpc::Status::OK;
   }
 
   grpc::Status OpenSession(grpc::ServerContext* context, const proto::OpenSessionRequest* request,
                            proto::OpenSessionReply* reply) override {
-    if (grpc::Status serving = CheckServing(); !serving.ok()) return serving;
     if (!sessions_->enabled()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "this master has no cluster token; calls need no session");
@@ -312,12 +263,8 @@ class MasterService final : public proto::Master::Service {
         .IgnoreError();
   }
 
-  grpc::Status MountSegments(grpc::ServerContext* context,
-                             const proto::MountSegmentsRequest* request,
+  grpc::Status MountSegments(grpc::ServerContext*, const proto::MountSegmentsRequest* request,
                              proto::MountSegmentsReply* reply) override {
-    if (auto denied = Authorize(context, "MountSegments", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (request->client_id().empty()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty client id");
     }
@@ -360,11 +307,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status SyncCatalog(grpc::ServerContext* context, const proto::SyncCatalogRequest* request,
+  grpc::Status SyncCatalog(grpc::ServerContext*, const proto::SyncCatalogRequest* request,
                            proto::SyncCatalogReply* reply) override {
-    if (auto denied = Authorize(context, "SyncCatalog", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (request->acks_size() > static_cast<int>(kMaxSegmentsPerMount)) {
       return ToGrpc(InvalidArgumentError(std::to_string(request->acks_size()) +
                                          " catalog acks in one call; at most " +
@@ -384,12 +328,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status UnmountSegments(grpc::ServerContext* context,
-                               const proto::UnmountSegmentsRequest* request,
+  grpc::Status UnmountSegments(grpc::ServerContext*, const proto::UnmountSegmentsRequest* request,
                                proto::UnmountSegmentsReply* reply) override {
-    if (auto denied = Authorize(context, "UnmountSegments", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     std::vector<PoolSegmentId> ids(request->segment_id().begin(), request->segment_id().end());
     auto results = state_->UnmountSegments(request->client_id(), ids, request->unregister_client());
     if (!results.ok()) return ToGrpc(results.status());
@@ -398,11 +338,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext* context, const proto::HeartbeatRequest* request,
+  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* request,
                          proto::HeartbeatReply* reply) override {
-    if (auto denied = Authorize(context, "Heartbeat", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     ClientTraffic traffic;
     const int entries = std::min<int>(request->traffic_size(), kMaxTrafficEntries);
     traffic.routes.reserve(static_cast<size_t>(entries));
@@ -431,12 +368,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BatchPutStart(grpc::ServerContext* context,
-                             const proto::BatchPutStartRequest* request,
+  grpc::Status BatchPutStart(grpc::ServerContext*, const proto::BatchPutStartRequest* request,
                              proto::BatchPutStartReply* reply) override {
-    if (auto denied = Authorize(context, "BatchPutStart", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (Status size = CheckBatchSize(static_cast<size_t>(request->items_size()), "put items");
         !size.ok()) {
       return ToGrpc(size);
@@ -511,11 +444,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BatchPutEnd(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
+  grpc::Status BatchPutEnd(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                            proto::BatchStatusReply* reply) override {
-    if (auto denied = Authorize(context, "BatchPutEnd", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     const std::vector<std::string_view> keys = Keys(*request);
@@ -530,11 +460,8 @@ class MasterService final : public proto::Master::Service {
     return StatusList(ends, reply);
   }
 
-  grpc::Status BatchPutRevoke(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
+  grpc::Status BatchPutRevoke(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                               proto::BatchStatusReply* reply) override {
-    if (auto denied = Authorize(context, "BatchPutRevoke", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     const std::vector<std::string_view> keys = Keys(*request);
@@ -543,12 +470,8 @@ class MasterService final : public proto::Master::Service {
     return StatusList(revoked, reply);
   }
 
-  grpc::Status BatchGetReplicas(grpc::ServerContext* context,
-                                const proto::BatchKeysRequest* request,
+  grpc::Status BatchGetReplicas(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                                 proto::BatchGetReplicasReply* reply) override {
-    if (auto denied = Authorize(context, "BatchGetReplicas", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     const auto& release = request->release_leases();
     auto batch =
@@ -582,12 +505,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReleaseLeases(grpc::ServerContext* context,
-                             const proto::ReleaseLeasesRequest* request,
+  grpc::Status ReleaseLeases(grpc::ServerContext*, const proto::ReleaseLeasesRequest* request,
                              proto::ReleaseLeasesReply* reply) override {
-    if (auto denied = Authorize(context, "ReleaseLeases", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     return StatusList(
         state_->ReleaseLeases(
             request->client_id(),
@@ -595,11 +514,8 @@ class MasterService final : public proto::Master::Service {
         reply);
   }
 
-  grpc::Status BatchExist(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
+  grpc::Status BatchExist(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                           proto::BatchExistReply* reply) override {
-    if (auto denied = Authorize(context, "BatchExist", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     auto results = state_->BatchExist(request->client_id(), Keys(*request));
@@ -625,11 +541,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BatchRemove(grpc::ServerContext* context, const proto::BatchKeysRequest* request,
+  grpc::Status BatchRemove(grpc::ServerContext*, const proto::BatchKeysRequest* request,
                            proto::BatchStatusReply* reply) override {
-    if (auto denied = Authorize(context, "BatchRemove", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     if (grpc::Status bad = CheckKeysRequest(*request); !bad.ok()) return bad;
     ReleaseCarried(request->client_id(), request->release_leases());
     std::vector<std::string_view> keys = Keys(*request);
@@ -651,11 +564,8 @@ class MasterService final : public proto::Master::Service {
     return StatusList(results, reply);
   }
 
-  grpc::Status RemoveAll(grpc::ServerContext* context, const proto::RemoveAllRequest* request,
+  grpc::Status RemoveAll(grpc::ServerContext*, const proto::RemoveAllRequest* request,
                          proto::RemoveAllReply* reply) override {
-    if (auto denied = Authorize(context, "RemoveAll", *request, Need::kAdmin); !denied.ok()) {
-      return denied;
-    }
     auto outcome = state_->RemoveAll(request->client_id(), request->tenant(), request->force());
     if (!outcome.ok()) return ToGrpc(outcome.status());
     reply->set_removed(outcome->removed);
@@ -663,14 +573,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  // A client removes keys by pattern as it removes them one by one (BatchRemove): in its own name,
-  // with no operator session. RemoveAll, which needs none of the keys, stays an operator's call.
-  grpc::Status RemoveByRegex(grpc::ServerContext* context,
-                             const proto::RemoveByRegexRequest* request,
+  grpc::Status RemoveByRegex(grpc::ServerContext*, const proto::RemoveByRegexRequest* request,
                              proto::RemoveAllReply* reply) override {
-    if (auto denied = Authorize(context, "RemoveByRegex", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     auto outcome = state_->RemoveByRegex(request->client_id(), request->tenant(),
                                          request->pattern(), request->force());
     if (!outcome.ok()) return ToGrpc(outcome.status());
@@ -679,11 +583,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status DiskPoll(grpc::ServerContext* context, const proto::DiskPollRequest* request,
+  grpc::Status DiskPoll(grpc::ServerContext*, const proto::DiskPollRequest* request,
                         proto::DiskPollReply* reply) override {
-    if (auto denied = Authorize(context, "DiskPoll", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     auto host = state_->ClientHostId(request->client_id());
     if (!host.ok()) return ToGrpc(host.status());
     // A busy holder polls again as soon as it reported: its next work is chosen now, not at the
@@ -700,11 +601,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status DiskReport(grpc::ServerContext* context, const proto::DiskReportRequest* request,
+  grpc::Status DiskReport(grpc::ServerContext*, const proto::DiskReportRequest* request,
                           proto::DiskReportReply* reply) override {
-    if (auto denied = Authorize(context, "DiskReport", *request, Need::kSelf); !denied.ok()) {
-      return denied;
-    }
     // An announcement lists a whole disk: bounded by what one message carries, not by the batch
     // limit; the other lists are one batch's.
     for (int size : {request->evicted_size(), request->failed_size()}) {
@@ -751,11 +649,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ListSegments(grpc::ServerContext* context, const proto::ListSegmentsRequest* request,
+  grpc::Status ListSegments(grpc::ServerContext*, const proto::ListSegmentsRequest* request,
                             proto::ListSegmentsReply* reply) override {
-    if (auto denied = Authorize(context, "ListSegments", *request, Need::kMember); !denied.ok()) {
-      return denied;
-    }
     std::vector<PoolSegmentId> ids(request->segment_id().begin(), request->segment_id().end());
     for (const SegmentView& view : state_->ListSegments(ids)) {
       FillSegment(view, reply->add_segments());
@@ -763,11 +658,8 @@ class MasterService final : public proto::Master::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetStats(grpc::ServerContext* context, const proto::StatsRequest* request,
+  grpc::Status GetStats(grpc::ServerContext*, const proto::StatsRequest*,
                         proto::StatsReply* reply) override {
-    if (auto denied = Authorize(context, "GetStats", *request, Need::kMember); !denied.ok()) {
-      return denied;
-    }
     MasterStats stats = state_->Stats();
     reply->set_objects(stats.objects);
     reply->set_bytes_used(stats.bytes_used);
@@ -787,14 +679,13 @@ class MasterService final : public proto::Master::Service {
  private:
   MasterState* state_;
   SessionTable* sessions_;
-  const ServingGate* gate_;
 };
 
 }  // namespace
 
-std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state, SessionTable* sessions,
-                                                         const ServingGate* gate) {
-  return std::make_unique<MasterService>(state, sessions, gate);
+std::unique_ptr<proto::Master::Service> NewMasterHandlers(MasterState* state,
+                                                          SessionTable* sessions) {
+  return std::make_unique<MasterService>(state, sessions);
 }
 
 }  // namespace larder::master

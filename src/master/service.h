@@ -4,6 +4,8 @@
 
 // The gRPC service: translates proto/master.proto messages to MasterState calls and back.
 
+#include <grpcpp/impl/service_type.h>
+
 #include <memory>
 
 #include "master.grpc.pb.h"
@@ -22,9 +24,18 @@ class ServingGate {
   virtual Status CheckServing() const = 0;
 };
 
-// `sessions` checks every call's proof when it has a cluster token; `gate` (when not null) says
-// whether calls are served at all. All three outlive the service.
-std::unique_ptr<proto::Master::Service> NewMasterService(MasterState* state, SessionTable* sessions,
-                                                         const ServingGate* gate = nullptr);
+// What larder-master serves (signed_service.cc): each call's proof checked against the bytes that
+// arrived, when `sessions` has a cluster token, then the call handled by NewMasterHandlers's.
+// `gate` (when not null) says whether calls are served at all. All three outlive the service.
+std::unique_ptr<grpc::Service> NewMasterService(MasterState* state, SessionTable* sessions,
+                                                const ServingGate* gate = nullptr);
+
+// The handlers of the calls, typed (service.cc), for a caller that checked the call already:
+// NewMasterService, and tests and the fuzzer, which call them directly. `sessions` opens the
+// sessions and closes a client's.
+std::unique_ptr<proto::Master::Service> NewMasterHandlers(MasterState* state,
+                                                          SessionTable* sessions);
+
+grpc::Status ToGrpc(const Status& status);
 
 }  // namespace larder::master

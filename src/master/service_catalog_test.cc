@@ -19,7 +19,7 @@ class CatalogServiceTest : public ::testing::Test {
   CatalogServiceTest()
       : state_(MasterOptions{}),
         sessions_(AuthOptions{}),
-        service_(NewMasterService(&state_, &sessions_)) {}
+        service_(NewMasterHandlers(&state_, &sessions_)) {}
 
   proto::MountSegmentsReply Mount(const std::string& client, uint32_t pid,
                                   const std::vector<std::pair<std::string, uint64_t>>& catalog,

@@ -1,0 +1,208 @@
+// Copyright Larder authors. Licensed under the Apache License, Version 2.0.
+//
+// The master's gRPC service as it is served. Every method takes its request as the bytes that
+// arrived: with a cluster token, the call's proof is checked over those very bytes before any of
+// them is parsed (nothing is parsed for a caller that has not proven the token, and no message is
+// serialized again to check it), then the request is parsed and handed to the typed handlers of
+// service.cc, and their reply serialized once.
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/method_handler.h>
+
+#include <google/protobuf/arena.h>
+#include <google/protobuf/descriptor.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/control_auth.h"
+#include "common/logging.h"
+#include "master/service.h"
+
+namespace larder::master {
+namespace {
+
+constexpr size_t kArenaBlockBytes = 16 * 1024;
+
+// What a call needs from its session.
+enum class Need {
+  kNothing,  // no session: the calls that open one
+  kMember,   // any session (the caller holds the cluster token)
+  kSelf,     // a session of the client the request names
+  kAdmin,    // an operator session (the admin token)
+};
+
+class SignedService final : public grpc::Service {
+ public:
+  SignedService(std::unique_ptr<proto::Master::Service> handlers, SessionTable* sessions,
+                const ServingGate* gate)
+      : handlers_(std::move(handlers)), sessions_(sessions), gate_(gate) {
+    using S = proto::Master::Service;
+    Serve("Challenge", Need::kNothing, &S::Challenge);
+    Serve("OpenSession", Need::kNothing, &S::OpenSession);
+    Serve("MountSegments", Need::kSelf, &S::MountSegments);
+    Serve("UnmountSegments", Need::kSelf, &S::UnmountSegments);
+    Serve("Heartbeat", Need::kSelf, &S::Heartbeat);
+    Serve("SyncCatalog", Need::kSelf, &S::SyncCatalog);
+    Serve("BatchPutStart", Need::kSelf, &S::BatchPutStart);
+    Serve("BatchPutEnd", Need::kSelf, &S::BatchPutEnd);
+    Serve("BatchPutRevoke", Need::kSelf, &S::BatchPutRevoke);
+    Serve("BatchGetReplicas", Need::kSelf, &S::BatchGetReplicas);
+    Serve("ReleaseLeases", Need::kSelf, &S::ReleaseLeases);
+    Serve("BatchExist", Need::kSelf, &S::BatchExist);
+    Serve("BatchRemove", Need::kSelf, &S::BatchRemove);
+    Serve("RemoveAll", Need::kAdmin, &S::RemoveAll);
+    // A client removes keys by pattern as it removes them one by one (BatchRemove): in its own
+    // name, with no operator session. RemoveAll, which names none of the keys, stays an
+    // operator's call.
+    Serve("RemoveByRegex", Need::kSelf, &S::RemoveByRegex);
+    Serve("DiskPoll", Need::kSelf, &S::DiskPoll);
+    Serve("DiskReport", Need::kSelf, &S::DiskReport);
+    Serve("ListSegments", Need::kMember, &S::ListSegments);
+    Serve("GetStats", Need::kMember, &S::GetStats);
+  }
+
+  size_t served() const { return paths_.size(); }
+
+ private:
+  template <typename Request, typename Reply>
+  using Handler = grpc::Status (proto::Master::Service::*)(grpc::ServerContext*, const Request*,
+                                                           Reply*);
+
+  template <typename Request, typename Reply>
+  void Serve(const char* name, Need need, Handler<Request, Reply> handler) {
+    paths_.push_back(fmt::format("/{}/{}", proto::Master::service_full_name(), name));
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        paths_.back().c_str(), grpc::internal::RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<SignedService, grpc::ByteBuffer, grpc::ByteBuffer>(
+            [name, need, handler](SignedService* self, grpc::ServerContext* context,
+                                  const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+              return self->Handle<Request, Reply>(name, need, handler, context, *in, out);
+            },
+            this)));
+  }
+
+  template <typename Request, typename Reply>
+  grpc::Status Handle(const char* name, Need need, Handler<Request, Reply> handler,
+                      grpc::ServerContext* context, const grpc::ByteBuffer& in,
+                      grpc::ByteBuffer* out) {
+    if (gate_ != nullptr) {
+      if (Status serving = gate_->CheckServing(); !serving.ok()) return ToGrpc(serving);
+    }
+    std::vector<grpc::Slice> slices;
+    if (grpc::Status dumped = in.Dump(&slices); !dumped.ok()) return dumped;
+    std::string joined;  // a request that arrived in pieces, made whole
+    std::string_view bytes;
+    if (slices.size() == 1) {
+      bytes = std::string_view(reinterpret_cast<const char*>(slices[0].begin()), slices[0].size());
+    } else {
+      joined.reserve(in.Length());
+      for (const grpc::Slice& slice : slices) {
+        joined.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+      }
+      bytes = joined;
+    }
+    std::optional<CallIdentity> identity;
+    if (need != Need::kNothing && sessions_->enabled()) {
+      Result<CallIdentity> proven = Prove(name, context, &bytes);
+      if (!proven.ok()) return ToGrpc(proven.status());
+      identity = std::move(proven).value();
+    }
+    // The request and its reply live on an arena that starts on this stack: a batch's keys and
+    // replicas cost no allocation each. (Not thread_local: gRPC starts threads as calls come,
+    // and each would clear the block.)
+    alignas(std::max_align_t) std::array<char, kArenaBlockBytes> block;
+    google::protobuf::ArenaOptions arena_options;
+    arena_options.initial_block = block.data();
+    arena_options.initial_block_size = block.size();
+    google::protobuf::Arena arena(arena_options);
+    Request* request = google::protobuf::Arena::CreateMessage<Request>(&arena);
+    if (!request->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          std::string("the request of ") + name + " does not parse");
+    }
+    if (identity) {
+      if (grpc::Status denied = Permit(name, need, *request, *identity); !denied.ok()) {
+        return denied;
+      }
+    }
+    Reply* reply = google::protobuf::Arena::CreateMessage<Reply>(&arena);
+    grpc::Status status = (handlers_.get()->*handler)(context, request, reply);
+    if (!status.ok()) return status;
+    const size_t size = reply->ByteSizeLong();
+    grpc::Slice slice(size);
+    reply->SerializeWithCachedSizesToArray(const_cast<uint8_t*>(slice.begin()));
+    *out = grpc::ByteBuffer(&slice, 1);
+    return grpc::Status::OK;
+  }
+
+  // Checks the call's proof: at the end of `bytes` (which then loses it), or in its metadata.
+  Result<CallIdentity> Prove(const char* name, grpc::ServerContext* context,
+                             std::string_view* bytes) {
+    std::string_view proof;
+    const auto& entries = context->client_metadata();
+    if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
+      proof = std::string_view(it->second.data(), it->second.size());
+    } else {
+      control_auth::SplitTrailer(*bytes, bytes, &proof);
+    }
+    return sessions_->Verify(proof, name, [bytes] { return control_auth::BodyHash(*bytes); });
+  }
+
+  // Whether the proven session may act as the request says.
+  template <typename Request>
+  grpc::Status Permit(const char* name, Need need, const Request& request,
+                      const CallIdentity& identity) {
+    if constexpr (requires { request.client_id(); }) {
+      if (need == Need::kSelf && request.client_id() != identity.client_id) {
+        Log().warn("{}: session of client {} refused acting for client {}", name,
+                   identity.client_id, QuoteKey(request.client_id()));
+        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                            "this session acts for client '" + identity.client_id +
+                                "' only, not for " + QuoteKey(request.client_id()));
+      }
+    }
+    if (need == Need::kAdmin && !identity.admin) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          std::string(name) + " needs an operator session: " +
+                              (sessions_->has_admin_token()
+                                   ? "set LARDER_ADMIN_TOKEN to the master's admin token"
+                                   : "this master has no admin token (--admin-token-file)"));
+    }
+    return grpc::Status::OK;
+  }
+
+  std::unique_ptr<proto::Master::Service> handlers_;
+  SessionTable* sessions_;
+  const ServingGate* gate_;
+  std::deque<std::string> paths_;  // the methods' full names, which gRPC keeps pointers to
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> NewMasterService(MasterState* state, SessionTable* sessions,
+                                                const ServingGate* gate) {
+  auto service =
+      std::make_unique<SignedService>(NewMasterHandlers(state, sessions), sessions, gate);
+  // Every method of the proto is served here: a method left out of the list would answer
+  // UNIMPLEMENTED to every client.
+  const google::protobuf::ServiceDescriptor* proto_service =
+      proto::ChallengeRequest::descriptor()->file()->FindServiceByName("Master");
+  if (proto_service == nullptr ||
+      service->served() != static_cast<size_t>(proto_service->method_count())) {
+    Log().critical("larder-master serves {} of the methods of {}", service->served(),
+                   proto::Master::service_full_name());
+    std::abort();
+  }
+  return service;
+}
+
+}  // namespace larder::master
