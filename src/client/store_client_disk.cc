@@ -49,6 +49,13 @@ Status StoreClientImpl::StartDiskHolder() {
     }
   };
   LARDER_ASSIGN_OR_RETURN(disk_, disk::DiskStore::Open(std::move(disk_options)));
+  // Registered before this client serves its caller: otherwise a put right away (write-through
+  // included) would find no disk tier at the master. A master away now is polled again by the
+  // loop.
+  if (Status registered = PollDisk(0); !registered.ok()) {
+    Log().warn("disk tier: cannot register the disk with the master yet: {}",
+               registered.ToString());
+  }
   disk_thread_ = std::thread([this] { DiskLoop(); });
   promote_thread_ = std::thread([this] { PromoteLoop(); });
   return Status::Ok();
@@ -102,12 +109,7 @@ Status StoreClientImpl::SendDiskReport(proto::DiskReportRequest* request) {
 void StoreClientImpl::DiskLoop() {
   auto backoff = std::chrono::milliseconds(50);
   while (!disk_stopping_) {
-    proto::DiskPollRequest request;
-    proto::DiskPollReply reply;
-    *request.mutable_holder() = DiskHolderInfo();
-    request.set_wait_ms(kPollWaitMs);
-    Status status = Rpc("DiskPoll", &Stub::DiskPoll, &request, &reply);
-    if (!status.ok()) {
+    if (Status status = PollDisk(kPollWaitMs); !status.ok()) {
       if (disk_stopping_) break;
       Log().debug("disk tier: poll: {}", status.ToString());
       // The master is away (restarting, failing over): MasterClient::Call waited already; ask
@@ -117,26 +119,35 @@ void StoreClientImpl::DiskLoop() {
       continue;
     }
     backoff = std::chrono::milliseconds(50);
-    if (reply.announce()) {
-      Announce();
-      continue;
-    }
-    if (reply.drop_size() > 0) {
-      std::vector<std::string> drop(reply.drop().begin(), reply.drop().end());
-      if (Status removed = disk_->Remove(drop); !removed.ok()) {
-        Log().warn("disk tier: dropping {} copies: {}", drop.size(), removed.ToString());
-      }
-    }
-    if (reply.promote_size() > 0) {
-      // On a thread of their own: a reader waits for each, and demotions take longer.
-      MutexLock lock(promote_mu_);
-      promote_queue_.insert(promote_queue_.end(), reply.promote().begin(), reply.promote().end());
-      promote_wake_.SignalAll();
-    }
-    if (reply.demote_size() > 0) {
-      Demote(std::vector<std::string>(reply.demote().begin(), reply.demote().end()));
+  }
+}
+
+Status StoreClientImpl::PollDisk(uint32_t wait_ms) {
+  proto::DiskPollRequest request;
+  proto::DiskPollReply reply;
+  *request.mutable_holder() = DiskHolderInfo();
+  request.set_wait_ms(wait_ms);
+  LARDER_RETURN_IF_ERROR(Rpc("DiskPoll", &Stub::DiskPoll, &request, &reply));
+  if (reply.announce()) {
+    Announce();
+    return Status::Ok();
+  }
+  if (reply.drop_size() > 0) {
+    std::vector<std::string> drop(reply.drop().begin(), reply.drop().end());
+    if (Status removed = disk_->Remove(drop); !removed.ok()) {
+      Log().warn("disk tier: dropping {} copies: {}", drop.size(), removed.ToString());
     }
   }
+  if (reply.promote_size() > 0) {
+    // On a thread of their own: a reader waits for each, and demotions take longer.
+    MutexLock lock(promote_mu_);
+    promote_queue_.insert(promote_queue_.end(), reply.promote().begin(), reply.promote().end());
+    promote_wake_.SignalAll();
+  }
+  if (reply.demote_size() > 0) {
+    Demote(std::vector<std::string>(reply.demote().begin(), reply.demote().end()));
+  }
+  return Status::Ok();
 }
 
 void StoreClientImpl::Announce() {

@@ -206,10 +206,15 @@ class StoreClientImpl final : public StoreClient {
 
   // ---- the disk tier's holder (store_client_disk.cc) ----
 
-  // Opens the disk (options_.disk_path) and starts the thread that serves the master's work.
+  // Opens the disk (options_.disk_path), registers it with the master (its first poll, and the
+  // announcement of what it holds, which that poll asks for) and starts the thread that serves
+  // the master's work: a put or get right after the client starts finds the disk tier there.
   Status StartDiskHolder();
   void StopDiskHolder();
   void DiskLoop();
+  // One poll of the master as the disk's holder, waiting up to `wait_ms` for work, and that work
+  // done (promotions handed to PromoteLoop).
+  Status PollDisk(uint32_t wait_ms);
   proto::DiskHolder DiskHolderInfo() const;
   // Sends a report; the stored keys the master refused are dropped from the disk.
   Status SendDiskReport(proto::DiskReportRequest* request);
