@@ -144,15 +144,17 @@ class SignedService final : public grpc::Service {
     return grpc::Status::OK;
   }
 
-  // Checks the call's proof: at the end of `bytes` (which then loses it), or in its metadata.
+  // Checks the call's proof: at the end of `bytes` (which then loses it), or else in its
+  // metadata (an older client's), which is looked at only then: gRPC builds a map of all the
+  // call's metadata when asked for any.
   Result<CallIdentity> Prove(const char* name, grpc::ServerContext* context,
                              std::string_view* bytes) {
     std::string_view proof;
-    const auto& entries = context->client_metadata();
-    if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
-      proof = std::string_view(it->second.data(), it->second.size());
-    } else {
-      control_auth::SplitTrailer(*bytes, bytes, &proof);
+    if (!control_auth::SplitTrailer(*bytes, bytes, &proof)) {
+      const auto& entries = context->client_metadata();
+      if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
+        proof = std::string_view(it->second.data(), it->second.size());
+      }
     }
     return sessions_->Verify(proof, name, [bytes] { return control_auth::BodyHash(*bytes); });
   }
