@@ -653,6 +653,58 @@ TEST(MasterAuthTest, AProofAfterTheRequestCoversTheBytesBeforeIt) {
   EXPECT_EQ(parsed.client_id(), "c1");
 }
 
+// A client of a master that does not offer the proof in the request's bytes (one of an older
+// version) sends it in metadata.
+TEST(MasterAuthTest, AClientSendsTheProofInMetadataToAMasterThatOffersNoOther) {
+  MasterServerOptions options;
+  options.listen_host = "127.0.0.1";
+  options.port = 0;
+  options.http_port = -1;
+  options.auth.cluster_token = kToken;
+  options.auth.offer_proof_in_body = false;
+  auto started = MasterServer::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  MasterServer& server = **started;
+  auto stub = RawStub(server);
+  {
+    grpc::ClientContext context;
+    proto::ChallengeReply challenge;
+    ASSERT_TRUE(stub->Challenge(&context, proto::ChallengeRequest(), &challenge).ok());
+    EXPECT_FALSE(challenge.proof_in_body());
+  }
+  // Such a master takes no proof after the bytes: a call that carries one has none for it.
+  const auto [session, key] = OpenSessionByHand(*stub, "hand");
+  proto::StatsRequest stats;
+  std::string bytes = stats.SerializeAsString();
+  const size_t size = bytes.size();
+  bytes.resize(size + control_auth::kTrailerBytes);
+  control_auth::EncodeTrailer(
+      session, 1,
+      control_auth::CallMac(key, "GetStats", 1,
+                            control_auth::BodyHash(std::string_view(bytes.data(), size))),
+      reinterpret_cast<uint8_t*>(bytes.data() + size));
+  grpc::GenericStub generic(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&context, "/larder.proto.Master/GetStats", grpc::StubOptions(), &request,
+                    &response, [&done](grpc::Status status) { done.set_value(status); });
+  EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The client's calls pass.
+  MasterClient client = Client(server, "c1", kToken);
+  proto::StatsReply reply;
+  Status got = client.Call("GetStats", &Stub::GetStats, stats, &reply);
+  EXPECT_TRUE(got.ok()) << got;
+  const Status mounted = Mount(client, "c1", "seg", 0x100000, 1 << 20,
+                               Proto(OwnDescriptor("c1", "host", "seg", 1 << 20)));
+  EXPECT_TRUE(mounted.ok()) << mounted;
+  got = client.Call("GetStats", &Stub::GetStats, stats, &reply);
+  EXPECT_TRUE(got.ok()) << got;
+  EXPECT_EQ(reply.segments(), 1u);
+}
+
 TEST(MasterAuthTest, ATokenHoldingClientRefusesAMasterWithoutTheToken) {
   auto server = StartMaster("");
   ASSERT_NE(server, nullptr);

@@ -227,7 +227,7 @@ class MasterService final : public proto::Master::Service {
     reply->set_auth_required(sessions_->enabled());
     if (sessions_->enabled()) {
       reply->set_server_nonce(sessions_->NewChallenge());
-      reply->set_proof_in_body(true);  // see signed_service.cc
+      reply->set_proof_in_body(sessions_->offers_proof_in_body());  // see signed_service.cc
     }
     reply->set_master_incarnation(state_->incarnation());
     return grpc::Status::OK;

@@ -36,6 +36,7 @@ std::unique_ptr<grpc::Service> NewMasterService(MasterState* state, SessionTable
 std::unique_ptr<proto::Master::Service> NewMasterHandlers(MasterState* state,
                                                           SessionTable* sessions);
 
+// `status` as gRPC's, its detail (ErrorDetail) in the error details.
 grpc::Status ToGrpc(const Status& status);
 
 }  // namespace larder::master

@@ -37,6 +37,10 @@ struct AuthOptions {
   // Challenges handed out and not yet used (the oldest is dropped when more are asked for).
   size_t max_challenges = 4096;
   std::chrono::milliseconds challenge_ttl{std::chrono::seconds(30)};
+  // Clients are offered to carry a call's proof after its request's bytes (ChallengeReply's
+  // proof_in_body). False: the master takes proofs in metadata only, as one of an older version
+  // does (for the tests of clients that talk to such a master).
+  bool offer_proof_in_body = true;
   std::function<Clock::time_point()> clock = [] { return Clock::now(); };
 };
 
@@ -56,6 +60,7 @@ class SessionTable {
 
   bool enabled() const { return !options_.cluster_token.empty(); }
   bool has_admin_token() const { return !options_.admin_token.empty(); }
+  bool offers_proof_in_body() const { return options_.offer_proof_in_body; }
 
   // A fresh 32-byte nonce that one OpenSession may use within the challenge TTL.
   std::string NewChallenge();
@@ -78,7 +83,8 @@ class SessionTable {
                       std::string_view server_nonce, std::string_view proof,
                       std::string_view admin_proof, EngineProof engine = {});
 
-  // Checks a call's `larder-auth-bin` metadata against the method and the serialized request.
+  // Checks a call's proof (`metadata`: the value of its `larder-auth-bin` metadata entry or of the
+  // trailer after its request's bytes, control_auth.h) against the method and the request.
   // Errors: Unauthenticated (missing or malformed proof, wrong mac, replayed sequence number; an
   // unknown session has the detail ErrorDetail::kUnknownSession).
   // `body_hash` hashes the request as it was sent (control_auth::BodyHash); it is called only once

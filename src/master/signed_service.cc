@@ -150,7 +150,7 @@ class SignedService final : public grpc::Service {
   Result<CallIdentity> Prove(const char* name, grpc::ServerContext* context,
                              std::string_view* bytes) {
     std::string_view proof;
-    if (!control_auth::SplitTrailer(*bytes, bytes, &proof)) {
+    if (!sessions_->offers_proof_in_body() || !control_auth::SplitTrailer(*bytes, bytes, &proof)) {
       const auto& entries = context->client_metadata();
       if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
         proof = std::string_view(it->second.data(), it->second.size());
