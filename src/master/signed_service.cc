@@ -72,6 +72,13 @@ class SignedService final : public grpc::Service {
 
   size_t served() const { return paths_.size(); }
 
+  // The service as proto/master.proto declares it.
+  static const google::protobuf::ServiceDescriptor& Declared() {
+    static const google::protobuf::ServiceDescriptor* declared =
+        proto::ChallengeRequest::descriptor()->file()->FindServiceByName("Master");
+    return *declared;
+  }
+
  private:
   template <typename Request, typename Reply>
   using Handler = grpc::Status (proto::Master::Service::*)(grpc::ServerContext*, const Request*,
@@ -79,6 +86,12 @@ class SignedService final : public grpc::Service {
 
   template <typename Request, typename Reply>
   void Serve(const char* name, Need need, Handler<Request, Reply> handler) {
+    const google::protobuf::MethodDescriptor* method = Declared().FindMethodByName(name);
+    if (method == nullptr || method->input_type() != Request::descriptor() ||
+        method->output_type() != Reply::descriptor()) {
+      Log().critical("larder-master serves {} as proto/master.proto does not declare it", name);
+      std::abort();
+    }
     paths_.push_back(fmt::format("/{}/{}", proto::Master::service_full_name(), name));
     AddMethod(new grpc::internal::RpcServiceMethod(
         paths_.back().c_str(), grpc::internal::RpcMethod::NORMAL_RPC,
@@ -194,14 +207,11 @@ std::unique_ptr<grpc::Service> NewMasterService(MasterState* state, SessionTable
                                                 const ServingGate* gate) {
   auto service =
       std::make_unique<SignedService>(NewMasterHandlers(state, sessions), sessions, gate);
-  // Every method of the proto is served here: a method left out of the list would answer
-  // UNIMPLEMENTED to every client.
-  const google::protobuf::ServiceDescriptor* proto_service =
-      proto::ChallengeRequest::descriptor()->file()->FindServiceByName("Master");
-  if (proto_service == nullptr ||
-      service->served() != static_cast<size_t>(proto_service->method_count())) {
-    Log().critical("larder-master serves {} of the methods of {}", service->served(),
-                   proto::Master::service_full_name());
+  // Every method of the proto is served here (each as declared: Serve): one left out would
+  // answer UNIMPLEMENTED to every client.
+  if (service->served() != static_cast<size_t>(SignedService::Declared().method_count())) {
+    Log().critical("larder-master serves {} of the {} methods of {}", service->served(),
+                   SignedService::Declared().method_count(), proto::Master::service_full_name());
     std::abort();
   }
   return service;
