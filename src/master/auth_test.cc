@@ -656,15 +656,12 @@ TEST(MasterAuthTest, AProofAfterTheRequestCoversTheBytesBeforeIt) {
 // A client of a master that does not offer the proof in the request's bytes (one of an older
 // version) sends it in metadata.
 TEST(MasterAuthTest, AClientSendsTheProofInMetadataToAMasterThatOffersNoOther) {
-  MasterServerOptions options;
-  options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = -1;
-  options.auth.cluster_token = kToken;
-  options.auth.offer_proof_in_body = false;
-  auto started = MasterServer::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  MasterServer& server = **started;
+  AuthOptions auth;
+  auth.cluster_token = kToken;
+  auth.offer_proof_in_body = false;
+  auto started = StartMaster(auth);
+  ASSERT_NE(started, nullptr);
+  MasterServer& server = *started;
   auto stub = RawStub(server);
   {
     grpc::ClientContext context;

@@ -21,17 +21,23 @@ using client::MasterClient;
 using client::MasterClientOptions;
 using Stub = proto::Master::Stub;
 
-inline std::unique_ptr<MasterServer> StartMaster(std::string token, std::string admin = "",
-                                                 int http_port = -1) {
+inline std::unique_ptr<MasterServer> StartMaster(AuthOptions auth, int http_port = -1) {
   MasterServerOptions options;
   options.listen_host = "127.0.0.1";
   options.port = 0;
   options.http_port = http_port;
-  options.auth.cluster_token = std::move(token);
-  options.auth.admin_token = std::move(admin);
+  options.auth = std::move(auth);
   auto server = MasterServer::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(server).value() : nullptr;
+}
+
+inline std::unique_ptr<MasterServer> StartMaster(std::string token, std::string admin = "",
+                                                 int http_port = -1) {
+  AuthOptions auth;
+  auth.cluster_token = std::move(token);
+  auth.admin_token = std::move(admin);
+  return StartMaster(std::move(auth), http_port);
 }
 
 inline MasterClient Client(const MasterServer& server, std::string client_id, std::string token,
