@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure", options.insecure,
                "serve every interface without a cluster token (anyone who reaches the master "
                "can read and change the cache)");
+  app.add_flag("!--no-local-socket", options.local_control_socket,
+               "serve clients on this host over gRPC only, not also on the local control socket "
+               "(an abstract Unix socket that clients learn over gRPC: docs/wire-protocols.md)");
   app.add_option("--tls-cert", options.tls_cert_file, "PEM certificate for gRPC TLS")
       ->check(CLI::ExistingFile);
   app.add_option("--tls-key", options.tls_key_file, "PEM private key of --tls-cert")

@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -19,6 +20,7 @@
 
 #include "common/error_detail_wire.h"
 #include "common/mutex.h"
+#include "common/net.h"
 #include "etcd/etcd_client.h"
 #include "larder/status.h"
 #include "larder/transfer_engine.h"
@@ -95,14 +97,17 @@ class MasterClient {
         }
         return signed_call;
       }
-      // A signed request goes out as the bytes its proof covers, serialized once.
-      grpc::Status status =
-          signed_body.Valid()
-              ? grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, Reply, grpc::ByteBuffer,
-                                                  google::protobuf::MessageLite>(
-                    connection->channel.get(), connection->Method(name), &context, signed_body,
-                    reply)
-              : (connection->stub.get()->*method)(&context, request, reply);
+      // A signed request goes out as the bytes its proof covers, serialized once: on the
+      // master's local control socket when this client is on its host, else over gRPC.
+      grpc::Status status;
+      if (!CallLocal(*connection, name, request, signed_body, reply, &status)) {
+        status = signed_body.Valid()
+                     ? grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, Reply, grpc::ByteBuffer,
+                                                         google::protobuf::MessageLite>(
+                           connection->channel.get(), connection->Method(name), &context,
+                           signed_body, reply)
+                     : (connection->stub.get()->*method)(&context, request, reply);
+      }
       if (!session_renewed && IsUnknownSession(status)) {
         session_renewed = true;
         ForgetSession(*connection, session);
@@ -157,7 +162,23 @@ class MasterClient {
     mutable std::vector<std::unique_ptr<RegisteredMethod>> methods LARDER_GUARDED_BY(methods_mu);
     mutable Mutex session_mu;
     mutable std::shared_ptr<const Session> session LARDER_GUARDED_BY(session_mu);
+    // The master's local control socket (common/local_control.h): learned from its challenge
+    // at the first call, then connections to it kept for the calls that follow.
+    enum class LocalState { kUnknown, kLearning, kUsable, kNone };
+    mutable Mutex local_mu;
+    mutable LocalState local_state LARDER_GUARDED_BY(local_mu) = LocalState::kUnknown;
+    mutable std::string local_socket LARDER_GUARDED_BY(local_mu);
+    // kUnknown after a challenge that failed: not asked again before this.
+    mutable std::chrono::steady_clock::time_point local_retry LARDER_GUARDED_BY(local_mu);
+    mutable std::vector<Fd> local_idle LARDER_GUARDED_BY(local_mu);  // no call in flight
+    // The process that connected them: a child forked since sends its calls over gRPC and
+    // never writes on its parent's connections.
+    const pid_t local_owner = getpid();
+    mutable size_t local_open LARDER_GUARDED_BY(local_mu) = 0;  // idle and in use
   };
+  // Connections to a master's local socket one client keeps at most: calls beyond as many at
+  // once go over gRPC.
+  static constexpr size_t kMaxLocalConnections = 16;
   static constexpr int kMaxFollows = 2;
   static constexpr std::chrono::milliseconds kReconnectWait{2000};
 
@@ -168,6 +189,18 @@ class MasterClient {
   Status Sign(const Connection& connection, const char* name,
               const google::protobuf::MessageLite& request, grpc::ClientContext* context,
               uint64_t* session_id, grpc::ByteBuffer* body) const;
+  // Makes the call on the master's local control socket when this client may (see
+  // MasterServerOptions::local_control_socket): true, with the call's outcome in *status, when it
+  // went there; false when it is for gRPC (no local socket, all connections busy, or the master
+  // left the socket before answering: the call is safe to repeat).
+  bool CallLocal(const Connection& connection, const char* name,
+                 const google::protobuf::MessageLite& request, const grpc::ByteBuffer& signed_body,
+                 google::protobuf::MessageLite* reply, grpc::Status* status) const;
+  // A connection to the local socket for one call: an idle one, or a new one (`fresh`). Invalid
+  // when the call is for gRPC.
+  Fd TakeLocal(const Connection& connection, bool* fresh) const;
+  // Asks the master (Challenge, over gRPC) for its local socket.
+  void LearnLocal(const Connection& connection) const;
   Result<std::shared_ptr<const Session>> CurrentSession(const Connection& connection) const;
   Result<std::shared_ptr<const Session>> OpenSession(const Connection& connection) const;
   void ForgetSession(const Connection& connection, uint64_t session_id) const;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/env.h"
 #include "common/grpc_process.h"
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -19,6 +20,7 @@
 #include "master/http_endpoint.h"
 #include "master/http_server.h"
 #include "master/leader_election.h"
+#include "master/local_control_server.h"
 #include "master/service.h"
 #include "master/status_history.h"
 
@@ -120,8 +122,10 @@ struct MasterServer::Impl {
   MasterServerOptions options;
   std::unique_ptr<SessionTable> sessions;
   std::unique_ptr<MasterState> state;
-  std::unique_ptr<grpc::Service> service;
+  LocalControl local_control;  // named in ChallengeReply
+  std::unique_ptr<ServedMaster> service;
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<LocalControlServer> local;  // stopped before the service goes
   int port = 0;
   std::unique_ptr<GuardedHttpServer> http;
   std::thread http_thread;
@@ -197,7 +201,21 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
     LARDER_ASSIGN_OR_RETURN(impl->cluster_lock, LockClusterOnHost(options.cluster_id));
   }
   if (with_etcd) impl->gate = std::make_unique<DeferredGate>(options.cluster_id);
-  impl->service = NewMasterService(impl->state.get(), impl->sessions.get(), impl->gate.get());
+  // With TLS, clients hold a CA and stay on gRPC (MasterClient): no local socket then.
+  if (options.local_control_socket && options.tls_cert_file.empty()) {
+    auto local = LocalControlServer::Listen();
+    if (local.ok()) {
+      impl->local = std::move(local).value();
+      impl->local_control = LocalControl{impl->local->name(), DefaultHostId()};
+    } else {
+      Log().warn(
+          "larder-master serves no local control socket (its clients on this host use "
+          "gRPC): {}",
+          local.status().ToString());
+    }
+  }
+  impl->service = NewMasterService(impl->state.get(), impl->sessions.get(), impl->gate.get(),
+                                   &impl->local_control);
 
   PrepareGrpcRuntime();
   grpc::ServerBuilder builder;
@@ -289,8 +307,12 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
     impl->sampler = std::thread([raw, interval] { raw->Sample(interval); });
   }
   impl->state->StartSweeper();
-  Log().info("larder-master serving gRPC on {}:{}{}, HTTP on {}", options.listen_host, impl->port,
-             options.tls_cert_file.empty() ? "" : " (TLS)", impl->http_port);
+  if (impl->local) impl->local->Start(impl->service.get());
+  Log().info("larder-master serving gRPC on {}:{}{}, HTTP on {}{}", options.listen_host, impl->port,
+             options.tls_cert_file.empty() ? "" : " (TLS)", impl->http_port,
+             impl->local
+                 ? ", and this host's clients on the local control socket @" + impl->local->name()
+                 : std::string());
   if (with_etcd) {
     std::string endpoints;
     for (const std::string& endpoint : options.etcd_endpoints) {
@@ -311,6 +333,10 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(MasterServerOptions op
     }
   }
   return std::unique_ptr<MasterServer>(new MasterServer(std::move(impl)));
+}
+
+uint64_t MasterServer::local_control_calls() const {
+  return impl_->local ? impl_->local->calls() : 0;
 }
 
 uint16_t MasterServer::port() const { return static_cast<uint16_t>(impl_->port); }
@@ -351,6 +377,7 @@ void MasterServer::Shutdown() {
     impl_->http->stop();
     if (impl_->http_thread.joinable()) impl_->http_thread.join();
   }
+  if (impl_->local) impl_->local->Stop();
   // In-flight calls get a short grace period to finish.
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   impl_->grpc_server->Wait();

@@ -35,6 +35,10 @@ struct MasterServerOptions {
   // unauthenticated, so the master then refuses to listen beyond loopback unless `insecure`.
   AuthOptions auth;
   bool insecure = false;
+  // Serve this host's clients on an abstract Unix socket too (local_control_server.h): their
+  // calls then skip HTTP/2 and TCP. Clients learn its name over gRPC, and use it only when they
+  // are on this host (the same host id). Not with TLS: clients with a CA stay on gRPC.
+  bool local_control_socket = true;
   // TLS for gRPC (PEM files). Both or neither; clients then need the CA (LARDER_TLS_CA).
   std::string tls_cert_file;
   std::string tls_key_file;
@@ -71,6 +75,8 @@ class MasterServer {
   ~MasterServer();
 
   uint16_t port() const;
+  // Calls served on the local control socket so far (0 without one).
+  uint64_t local_control_calls() const;
   const std::string& listen_host() const;  // as resolved (see MasterServerOptions::listen_host)
   int http_port() const;                   // -1 when disabled
   // "host:port" clients can dial on this machine.

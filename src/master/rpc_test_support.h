@@ -21,15 +21,25 @@ using client::MasterClient;
 using client::MasterClientOptions;
 using Stub = proto::Master::Stub;
 
-inline std::unique_ptr<MasterServer> StartMaster(AuthOptions auth, int http_port = -1) {
-  MasterServerOptions options;
+// A master of `options`, on loopback.
+inline std::unique_ptr<MasterServer> StartMaster(MasterServerOptions options) {
   options.listen_host = "127.0.0.1";
-  options.port = 0;
-  options.http_port = http_port;
-  options.auth = std::move(auth);
   auto server = MasterServer::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(server).value() : nullptr;
+}
+
+// A free port, no HTTP listener (unless `http_port`), and `auth`.
+inline MasterServerOptions TestOptions(AuthOptions auth, int http_port = -1) {
+  MasterServerOptions options;
+  options.port = 0;
+  options.http_port = http_port;
+  options.auth = std::move(auth);
+  return options;
+}
+
+inline std::unique_ptr<MasterServer> StartMaster(AuthOptions auth, int http_port = -1) {
+  return StartMaster(TestOptions(std::move(auth), http_port));
 }
 
 inline std::unique_ptr<MasterServer> StartMaster(std::string token, std::string admin = "",

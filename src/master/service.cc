@@ -179,7 +179,8 @@ DiskHolderReport HolderReport(const proto::DiskHolder& holder) {
 
 class MasterService final : public proto::Master::Service {
  public:
-  MasterService(MasterState* state, SessionTable* sessions) : state_(state), sessions_(sessions) {}
+  MasterService(MasterState* state, SessionTable* sessions, const LocalControl* local)
+      : state_(state), sessions_(sessions), local_(local) {}
 
   // Keys a get found no object of, whose only copy is on a disk: a metadata read answers the
   // copy's size; a read asks the copy's holder to put the object back and answers kOnDisk, so that
@@ -230,6 +231,12 @@ class MasterService final : public proto::Master::Service {
       reply->set_proof_in_body(sessions_->offers_proof_in_body());  // see signed_service.cc
     }
     reply->set_master_incarnation(state_->incarnation());
+    // A client sends its proofs over the local socket after the request's bytes only.
+    if (local_ != nullptr && !local_->socket.empty() &&
+        (!sessions_->enabled() || sessions_->offers_proof_in_body())) {
+      reply->set_local_socket(local_->socket);
+      reply->set_host_id(local_->host_id);
+    }
     return grpc::Status::OK;
   }
 
@@ -679,13 +686,15 @@ class MasterService final : public proto::Master::Service {
  private:
   MasterState* state_;
   SessionTable* sessions_;
+  const LocalControl* local_;
 };
 
 }  // namespace
 
 std::unique_ptr<proto::Master::Service> NewMasterHandlers(MasterState* state,
-                                                          SessionTable* sessions) {
-  return std::make_unique<MasterService>(state, sessions);
+                                                          SessionTable* sessions,
+                                                          const LocalControl* local) {
+  return std::make_unique<MasterService>(state, sessions, local);
 }
 
 }  // namespace larder::master

@@ -1,10 +1,11 @@
 // Copyright Larder authors. Licensed under the Apache License, Version 2.0.
 //
-// The master's gRPC service as it is served. Every method takes its request as the bytes that
-// arrived: with a cluster token, the call's proof is checked over those very bytes before any of
-// them is parsed (nothing is parsed for a caller that has not proven the token, and no message is
-// serialized again to check it), then the request is parsed and handed to the typed handlers of
-// service.cc, and their reply serialized once.
+// The master's service as it is served, over gRPC and to the local control socket
+// (local_control_server.h). Every method takes its request as the bytes that arrived: with a
+// cluster token, the call's proof is checked over those very bytes before any of them is parsed
+// (nothing is parsed for a caller that has not proven the token, and no message is serialized
+// again to check it), then the request is parsed and handed to the typed handlers of service.cc,
+// and their reply serialized once.
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,11 +42,14 @@ enum class Need {
   kAdmin,    // an operator session (the admin token)
 };
 
-class SignedService final : public grpc::Service {
+class SignedService final : public ServedMaster {
  public:
   SignedService(std::unique_ptr<proto::Master::Service> handlers, SessionTable* sessions,
                 const ServingGate* gate)
-      : handlers_(std::move(handlers)), sessions_(sessions), gate_(gate) {
+      : handlers_(std::move(handlers)),
+        sessions_(sessions),
+        gate_(gate),
+        local_(static_cast<size_t>(Declared().method_count())) {
     using S = proto::Master::Service;
     Serve("Challenge", Need::kNothing, &S::Challenge);
     Serve("OpenSession", Need::kNothing, &S::OpenSession);
@@ -71,6 +76,21 @@ class SignedService final : public grpc::Service {
   }
 
   size_t served() const { return paths_.size(); }
+
+  grpc::Status ServeLocal(int method, std::string_view bytes, std::string* reply) override {
+    if (method < 0 || static_cast<size_t>(method) >= local_.size()) {
+      return grpc::Status(
+          grpc::StatusCode::UNIMPLEMENTED,
+          fmt::format("{} has no method {}", proto::Master::service_full_name(), method));
+    }
+    if (!local_[method]) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          fmt::format("{} opens a session: over gRPC only, not on the local "
+                                      "control socket",
+                                      Declared().method(method)->name()));
+    }
+    return local_[method](bytes, reply);
+  }
 
   // The service as proto/master.proto declares it.
   static const google::protobuf::ServiceDescriptor& Declared() {
@@ -101,15 +121,22 @@ class SignedService final : public grpc::Service {
               return self->Handle<Request, Reply>(name, need, handler, context, *in, out);
             },
             this)));
+    if (need != Need::kNothing) {
+      local_[static_cast<size_t>(method->index())] = [this, name, need, handler](
+                                                         std::string_view bytes, std::string* out) {
+        return Dispatch<Request, Reply>(name, need, handler, nullptr, bytes, [out](size_t size) {
+          out->resize(size);
+          return reinterpret_cast<uint8_t*>(out->data());
+        });
+      };
+    }
   }
 
+  // A gRPC call: its bytes made one piece, served, and the reply's bytes into one slice.
   template <typename Request, typename Reply>
   grpc::Status Handle(const char* name, Need need, Handler<Request, Reply> handler,
                       grpc::ServerContext* context, const grpc::ByteBuffer& in,
                       grpc::ByteBuffer* out) {
-    if (gate_ != nullptr) {
-      if (Status serving = gate_->CheckServing(); !serving.ok()) return ToGrpc(serving);
-    }
     std::vector<grpc::Slice> slices;
     if (grpc::Status dumped = in.Dump(&slices); !dumped.ok()) return dumped;
     std::string joined;  // a request that arrived in pieces, made whole
@@ -122,6 +149,25 @@ class SignedService final : public grpc::Service {
         joined.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
       }
       bytes = joined;
+    }
+    std::optional<grpc::Slice> slice;
+    grpc::Status status =
+        Dispatch<Request, Reply>(name, need, handler, context, bytes, [&slice](size_t size) {
+          slice.emplace(size);
+          return const_cast<uint8_t*>(slice->begin());
+        });
+    if (status.ok()) *out = grpc::ByteBuffer(&*slice, 1);
+    return status;
+  }
+
+  // Serves one call, gRPC's (`context`) or the local socket's (no context): `bytes` as they
+  // arrived; the reply is serialized where reply_bytes(size) says.
+  template <typename Request, typename Reply, typename ReplyBytes>
+  grpc::Status Dispatch(const char* name, Need need, Handler<Request, Reply> handler,
+                        grpc::ServerContext* context, std::string_view bytes,
+                        const ReplyBytes& reply_bytes) {
+    if (gate_ != nullptr) {
+      if (Status serving = gate_->CheckServing(); !serving.ok()) return ToGrpc(serving);
     }
     std::optional<CallIdentity> identity;
     if (need != Need::kNothing && sessions_->enabled()) {
@@ -148,22 +194,24 @@ class SignedService final : public grpc::Service {
       }
     }
     Reply* reply = google::protobuf::Arena::CreateMessage<Reply>(&arena);
-    grpc::Status status = (handlers_.get()->*handler)(context, request, reply);
+    std::optional<grpc::ServerContext> no_context;  // a local call's: the handlers read none of it
+    grpc::Status status = (handlers_.get()->*handler)(
+        context != nullptr ? context : &no_context.emplace(), request, reply);
     if (!status.ok()) return status;
     const size_t size = reply->ByteSizeLong();
-    grpc::Slice slice(size);
-    reply->SerializeWithCachedSizesToArray(const_cast<uint8_t*>(slice.begin()));
-    *out = grpc::ByteBuffer(&slice, 1);
+    reply->SerializeWithCachedSizesToArray(reply_bytes(size));
     return grpc::Status::OK;
   }
 
-  // Checks the call's proof: at the end of `bytes` (which then loses it), or else in its
-  // metadata (an older client's), which is looked at only then: gRPC builds a map of all the
-  // call's metadata when asked for any.
+  // Checks the call's proof: at the end of `bytes` (which then loses it), or else in a gRPC
+  // call's metadata (an older client's), which is looked at only then: gRPC builds a map of all
+  // the call's metadata when asked for any. A local call has no metadata.
   Result<CallIdentity> Prove(const char* name, grpc::ServerContext* context,
                              std::string_view* bytes) {
     std::string_view proof;
-    if (!sessions_->offers_proof_in_body() || !control_auth::SplitTrailer(*bytes, bytes, &proof)) {
+    const bool after_bytes = context == nullptr || sessions_->offers_proof_in_body();
+    if ((!after_bytes || !control_auth::SplitTrailer(*bytes, bytes, &proof)) &&
+        context != nullptr) {
       const auto& entries = context->client_metadata();
       if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
         proof = std::string_view(it->second.data(), it->second.size());
@@ -199,14 +247,16 @@ class SignedService final : public grpc::Service {
   SessionTable* sessions_;
   const ServingGate* gate_;
   std::deque<std::string> paths_;  // the methods' full names, which gRPC keeps pointers to
+  // The local socket's calls, by method number (empty: not served there).
+  std::vector<std::function<grpc::Status(std::string_view, std::string*)>> local_;
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> NewMasterService(MasterState* state, SessionTable* sessions,
-                                                const ServingGate* gate) {
+std::unique_ptr<ServedMaster> NewMasterService(MasterState* state, SessionTable* sessions,
+                                               const ServingGate* gate, const LocalControl* local) {
   auto service =
-      std::make_unique<SignedService>(NewMasterHandlers(state, sessions), sessions, gate);
+      std::make_unique<SignedService>(NewMasterHandlers(state, sessions, local), sessions, gate);
   // Every method of the proto is served here (each as declared: Serve): one left out would
   // answer UNIMPLEMENTED to every client.
   if (service->served() != static_cast<size_t>(SignedService::Declared().method_count())) {
