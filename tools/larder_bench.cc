@@ -220,6 +220,8 @@ int main(int argc, char** argv) {
   m->add_option("--key-size", master_bench.key_size, "bytes per key")->capture_default_str();
   m->add_flag("--auth", master_bench.auth,
               "give the master a cluster token: every call proves it (the cost of auth)");
+  m->add_flag("--grpc", master_bench.grpc_only,
+              "call over gRPC: the master serves no local control socket (--no-local-socket)");
   m->add_flag("--json", master_bench.json, "one JSON object");
   m->add_option("--rebuild", master_bench.rebuild,
                 "instead: time a master's rebuild from catalogs of N objects (in process)");

@@ -193,36 +193,52 @@ bool MasterClient::IsUnreachable(const grpc::Status& status) {
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-Status MasterClient::Sign(const Connection& connection, const char* name,
-                          const google::protobuf::MessageLite& request,
-                          grpc::ClientContext* context, uint64_t* session_id,
-                          grpc::ByteBuffer* body) const {
+Status MasterClient::SessionFor(const Connection& connection,
+                                std::shared_ptr<const Session>* session) const {
   LARDER_RETURN_IF_ERROR(init_status_);
   if (options_.auth_token.empty()) return Status::Ok();
-  LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Session> session, CurrentSession(connection));
+  LARDER_ASSIGN_OR_RETURN(*session, CurrentSession(connection));
+  return Status::Ok();
+}
+
+bool MasterClient::SignInto(const Session& session, const char* name,
+                            const google::protobuf::MessageLite& request, size_t size,
+                            uint8_t* out) const {
+  if (!SerializeForMacTo(request, size, out)) return false;
+  const uint64_t sequence = sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
+  control_auth::Digest mac = control_auth::CallMac(
+      session.key, name, sequence,
+      control_auth::BodyHash(std::string_view(reinterpret_cast<const char*>(out), size)));
+  control_auth::EncodeTrailer(session.id, sequence, mac, out + size);
+  return true;
+}
+
+Status MasterClient::Sign(const Session& session, const char* name,
+                          const google::protobuf::MessageLite& request,
+                          grpc::ClientContext* context, grpc::ByteBuffer* body) const {
   // The request is serialized once, deterministically, and sent as the very bytes its proof
   // covers: followed by the proof where the master takes it there, else with the proof in
   // metadata (an older master hashes its own deterministic serialization of what it parsed: the
   // same bytes).
   const size_t size = request.ByteSizeLong();
-  const size_t trailer = session->proof_in_body ? control_auth::kTrailerBytes : 0;
-  grpc::Slice bytes(size + trailer);
+  grpc::Slice bytes(size + control_auth::kTrailerBytes);
   uint8_t* out = const_cast<uint8_t*>(bytes.begin());
-  if (!SerializeForMacTo(request, size, out)) {
+  if (!SignInto(session, name, request, size, out)) {
     return InternalError(std::string("cannot serialize the request of ") + name);
   }
-  const uint64_t sequence = sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
-  control_auth::Digest mac = control_auth::CallMac(
-      session->key, name, sequence,
-      control_auth::BodyHash(std::string_view(reinterpret_cast<const char*>(out), size)));
-  if (session->proof_in_body) {
-    control_auth::EncodeTrailer(session->id, sequence, mac, out + size);
-  } else {
-    context->AddMetadata(control_auth::kMetadataKey,
-                         control_auth::EncodeMetadata(session->id, sequence, mac));
+  if (session.proof_in_body) {
+    *body = grpc::ByteBuffer(&bytes, 1);
+    return Status::Ok();
   }
-  *session_id = session->id;
-  *body = grpc::ByteBuffer(&bytes, 1);
+  // The trailer's value is the metadata's.
+  std::string_view request_bytes;
+  std::string_view proof;
+  control_auth::SplitTrailer(
+      std::string_view(reinterpret_cast<const char*>(out), size + control_auth::kTrailerBytes),
+      &request_bytes, &proof);
+  context->AddMetadata(control_auth::kMetadataKey, std::string(proof));
+  grpc::Slice unsigned_bytes(request_bytes.data(), request_bytes.size());
+  *body = grpc::ByteBuffer(&unsigned_bytes, 1);
   return Status::Ok();
 }
 

@@ -79,28 +79,30 @@ class MasterClient {
     bool reconnected = false;
     for (int followed = 0;;) {
       LARDER_ASSIGN_OR_RETURN(std::shared_ptr<const Connection> connection, CurrentConnection());
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-      uint64_t session = 0;
-      grpc::ByteBuffer signed_body;  // with a cluster token: the request's bytes, as signed
-      if (Status signed_call = Sign(*connection, name, request, &context, &session, &signed_body);
-          !signed_call.ok()) {
-        if (signed_call.code() == StatusCode::kUnavailable && followed < kMaxFollows &&
+      std::shared_ptr<const Session> session;  // with a cluster token
+      if (Status opened = SessionFor(*connection, &session); !opened.ok()) {
+        if (opened.code() == StatusCode::kUnavailable && followed < kMaxFollows &&
             FollowLeader(*connection)) {
           ++followed;
           continue;
         }
-        if (signed_call.code() == StatusCode::kUnavailable && !reconnected) {
+        if (opened.code() == StatusCode::kUnavailable && !reconnected) {
           reconnected = true;
           AwaitReconnectUnlessGone();
           continue;
         }
-        return signed_call;
+        return opened;
       }
-      // A signed request goes out as the bytes its proof covers, serialized once: on the
-      // master's local control socket when this client is on its host, else over gRPC.
+      // On the master's local control socket when this client is on its host, else over gRPC.
       grpc::Status status;
-      if (!CallLocal(*connection, name, request, signed_body, reply, &status)) {
+      if (!CallLocal(*connection, name, request, session.get(), reply, &status)) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+        // A signed request goes out as the bytes its proof covers, serialized once.
+        grpc::ByteBuffer signed_body;
+        if (session != nullptr) {
+          LARDER_RETURN_IF_ERROR(Sign(*session, name, request, &context, &signed_body));
+        }
         status = signed_body.Valid()
                      ? grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, Reply, grpc::ByteBuffer,
                                                          google::protobuf::MessageLite>(
@@ -110,7 +112,7 @@ class MasterClient {
       }
       if (!session_renewed && IsUnknownSession(status)) {
         session_renewed = true;
-        ForgetSession(*connection, session);
+        ForgetSession(*connection, session != nullptr ? session->id : 0);
         reply->Clear();
         continue;
       }
@@ -145,6 +147,12 @@ class MasterClient {
     std::string key;
     bool proof_in_body = false;  // the master takes a call's proof after its request's bytes
   };
+  // A connection to a master's local control socket, and the session it is bound to there (0:
+  // none yet).
+  struct LocalLink {
+    Fd fd;
+    uint64_t bound_session = 0;
+  };
   // A channel to one master, and the session opened there.
   struct Connection {
     // The method `name` of the Master service on this channel, registered at its first use.
@@ -170,7 +178,7 @@ class MasterClient {
     mutable std::string local_socket LARDER_GUARDED_BY(local_mu);
     // kUnknown after a challenge that failed: not asked again before this.
     mutable std::chrono::steady_clock::time_point local_retry LARDER_GUARDED_BY(local_mu);
-    mutable std::vector<Fd> local_idle LARDER_GUARDED_BY(local_mu);  // no call in flight
+    mutable std::vector<LocalLink> local_idle LARDER_GUARDED_BY(local_mu);  // no call in flight
     // The process that connected them: a child forked since sends its calls over gRPC and
     // never writes on its parent's connections.
     const pid_t local_owner = getpid();
@@ -182,23 +190,32 @@ class MasterClient {
   static constexpr int kMaxFollows = 2;
   static constexpr std::chrono::milliseconds kReconnectWait{2000};
 
-  // Adds the call's proof to `context` (opening a session first when there is none), and says
-  // which session it used.
-  // With a cluster token: serializes the request into *body and adds its proof to the call's
-  // metadata. Without one, leaves *body empty (the stub serializes the request).
-  Status Sign(const Connection& connection, const char* name,
+  // With a cluster token: the session calls to `connection` go in (opened first when there is
+  // none). Without one: none, and OK.
+  Status SessionFor(const Connection& connection, std::shared_ptr<const Session>* session) const;
+  // Serializes the request into *body with its proof under `session`: after the bytes where the
+  // master takes it there, else in the call's metadata.
+  Status Sign(const Session& session, const char* name,
               const google::protobuf::MessageLite& request, grpc::ClientContext* context,
-              uint64_t* session_id, grpc::ByteBuffer* body) const;
+              grpc::ByteBuffer* body) const;
+  // Writes the request's `size` bytes (its ByteSizeLong, just computed) and, after them, its
+  // proof under `session` (control_auth::kTrailerBytes) into `out`. False when the request did
+  // not serialize whole.
+  bool SignInto(const Session& session, const char* name,
+                const google::protobuf::MessageLite& request, size_t size, uint8_t* out) const;
   // Makes the call on the master's local control socket when this client may (see
   // MasterServerOptions::local_control_socket): true, with the call's outcome in *status, when it
   // went there; false when it is for gRPC (no local socket, all connections busy, or the master
   // left the socket before answering: the call is safe to repeat).
+  // With a cluster token (`session`), the first call on a connection carries its proof, which
+  // binds the connection to the session in the master; the calls after it on that connection
+  // carry none (no other process can write on it).
   bool CallLocal(const Connection& connection, const char* name,
-                 const google::protobuf::MessageLite& request, const grpc::ByteBuffer& signed_body,
+                 const google::protobuf::MessageLite& request, const Session* session,
                  google::protobuf::MessageLite* reply, grpc::Status* status) const;
   // A connection to the local socket for one call: an idle one, or a new one (`fresh`). Invalid
   // when the call is for gRPC.
-  Fd TakeLocal(const Connection& connection, bool* fresh) const;
+  LocalLink TakeLocal(const Connection& connection, bool* fresh) const;
   // Asks the master (Challenge, over gRPC) for its local socket.
   void LearnLocal(const Connection& connection) const;
   Result<std::shared_ptr<const Session>> CurrentSession(const Connection& connection) const;

@@ -6,9 +6,11 @@
 #include <cstring>
 
 #include "client/master_client.h"
+#include "common/control_auth.h"
 #include "common/env.h"
 #include "common/local_control.h"
 #include "common/logging.h"
+#include "common/proto_mac.h"
 
 namespace larder::client {
 
@@ -36,9 +38,9 @@ void MasterClient::LearnLocal(const Connection& connection) const {
   connection.local_socket = challenge.local_socket();
 }
 
-Fd MasterClient::TakeLocal(const Connection& connection, bool* fresh) const {
-  if (!options_.tls_ca_file.empty()) return Fd();  // TLS was asked for: gRPC only
-  if (getpid() != connection.local_owner) return Fd();
+MasterClient::LocalLink MasterClient::TakeLocal(const Connection& connection, bool* fresh) const {
+  if (!options_.tls_ca_file.empty()) return LocalLink{};  // TLS was asked for: gRPC only
+  if (getpid() != connection.local_owner) return LocalLink{};
   std::string socket;
   {
     MutexLock lock(connection.local_mu);
@@ -49,21 +51,21 @@ Fd MasterClient::TakeLocal(const Connection& connection, bool* fresh) const {
       LearnLocal(connection);
       lock.Lock();
     }
-    if (connection.local_state != Connection::LocalState::kUsable) return Fd();
+    if (connection.local_state != Connection::LocalState::kUsable) return LocalLink{};
     if (!connection.local_idle.empty()) {
-      Fd fd = std::move(connection.local_idle.back());
+      LocalLink link = std::move(connection.local_idle.back());
       connection.local_idle.pop_back();
       *fresh = false;
-      return fd;
+      return link;
     }
-    if (connection.local_open >= kMaxLocalConnections) return Fd();
+    if (connection.local_open >= kMaxLocalConnections) return LocalLink{};
     ++connection.local_open;
     socket = connection.local_socket;
   }
   *fresh = true;
   Result<Fd> connected = UnixConnectAbstract(socket, Deadline::max());
   if (connected.ok() && local_control::SetTimeouts(connected->get(), options_.timeout)) {
-    return std::move(connected).value();
+    return LocalLink{std::move(connected).value()};
   }
   // Not reachable from here after all (another mount of the network namespace's sockets,
   // another master on the name): this channel stays on gRPC.
@@ -75,46 +77,42 @@ Fd MasterClient::TakeLocal(const Connection& connection, bool* fresh) const {
   MutexLock lock(connection.local_mu);
   --connection.local_open;
   connection.local_state = Connection::LocalState::kNone;
-  return Fd();
+  return LocalLink{};
 }
 
 bool MasterClient::CallLocal(const Connection& connection, const char* name,
-                             const google::protobuf::MessageLite& request,
-                             const grpc::ByteBuffer& signed_body,
+                             const google::protobuf::MessageLite& request, const Session* session,
                              google::protobuf::MessageLite* reply, grpc::Status* status) const {
   static const google::protobuf::ServiceDescriptor* service =
       proto::ChallengeRequest::descriptor()->file()->FindServiceByName("Master");
   const google::protobuf::MethodDescriptor* method = service->FindMethodByName(name);
-  if (method == nullptr) return false;
-  // The request's bytes: as signed (one slice), or serialized here without a token. One too
-  // large for the socket goes to gRPC, which refuses it.
-  std::string serialized;
-  std::vector<grpc::Slice> slices;
-  std::string_view bytes;
-  if (signed_body.Valid()) {
-    if (!signed_body.Dump(&slices).ok() || slices.size() != 1) return false;
-    bytes = std::string_view(reinterpret_cast<const char*>(slices[0].begin()), slices[0].size());
-  } else if (!request.SerializeToString(&serialized)) {
-    return false;
-  } else {
-    bytes = serialized;
-  }
-  if (bytes.size() > local_control::kMaxBodyBytes) return false;
+  // A master names its socket only where it takes proofs after the request's bytes.
+  if (method == nullptr || (session != nullptr && !session->proof_in_body)) return false;
+  // One too large for the socket goes to gRPC, which refuses it.
+  const size_t size = request.ByteSizeLong();
+  if (size + control_auth::kTrailerBytes > local_control::kMaxBodyBytes) return false;
   bool fresh = false;
-  Fd fd = TakeLocal(connection, &fresh);
-  if (!fd.valid()) return false;
+  LocalLink link = TakeLocal(connection, &fresh);
+  if (!link.fd.valid()) return false;
+  // The request's bytes; with its proof after them on a connection not bound to the session yet.
+  const bool prove = session != nullptr && link.bound_session != session->id;
+  std::string bytes(size + (prove ? control_auth::kTrailerBytes : 0), '\0');
+  uint8_t* out = reinterpret_cast<uint8_t*>(bytes.data());
+  const bool serialized =
+      prove ? SignInto(*session, name, request, size, out) : SerializeForMacTo(request, size, out);
   local_control::RequestHead head;
   head.length = static_cast<uint32_t>(bytes.size());
   head.method = static_cast<uint16_t>(method->index());
   head.version = local_control::kVersion;
-  iovec out[2] = {{&head, sizeof(head)}, {const_cast<char*>(bytes.data()), bytes.size()}};
+  head.flags = prove ? local_control::kProofAfterBytes : 0;
+  iovec pieces[2] = {{&head, sizeof(head)}, {bytes.data(), bytes.size()}};
   local_control::ReplyHead in;
   std::string message, details, body;
-  const bool answered =
-      local_control::WriteAll(fd.get(), out) && local_control::ReadAll(fd.get(), &in, sizeof(in));
+  const bool answered = serialized && local_control::WriteAll(link.fd.get(), pieces) &&
+                        local_control::ReadAll(link.fd.get(), &in, sizeof(in));
   const int error = errno;
   const auto drop = [&](Connection::LocalState next) {
-    fd.Reset();
+    link.fd.Reset();
     MutexLock lock(connection.local_mu);
     --connection.local_open;
     if (next != Connection::LocalState::kUsable) {
@@ -126,6 +124,12 @@ bool MasterClient::CallLocal(const Connection& connection, const char* name,
       }
     }
   };
+  if (!serialized) {
+    drop(Connection::LocalState::kUsable);
+    *status = grpc::Status(grpc::StatusCode::INTERNAL,
+                           std::string("cannot serialize the request of ") + name);
+    return true;
+  }
   if (!answered) {
     if (error == EAGAIN || error == EWOULDBLOCK) {
       drop(Connection::LocalState::kUsable);
@@ -142,27 +146,35 @@ bool MasterClient::CallLocal(const Connection& connection, const char* name,
                            in.details_length <= local_control::kMaxStatusBytes &&
                            in.body_length <= local_control::kMaxBodyBytes &&
                            (in.code == 0 || in.body_length == 0);
-  if (!well_formed || !local_control::ReadBody(fd.get(), in.message_length, &message) ||
-      !local_control::ReadBody(fd.get(), in.details_length, &details) ||
-      !local_control::ReadBody(fd.get(), in.body_length, &body)) {
+  if (!well_formed || !local_control::ReadBody(link.fd.get(), in.message_length, &message) ||
+      !local_control::ReadBody(link.fd.get(), in.details_length, &details) ||
+      !local_control::ReadBody(link.fd.get(), in.body_length, &body)) {
     drop(Connection::LocalState::kNone);
     *status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                            well_formed ? "the local control socket closed mid-reply"
                                        : "malformed reply on the local control socket");
     return true;
   }
-  if (in.code != 0) {
-    *status = grpc::Status(static_cast<grpc::StatusCode>(in.code), message, details);
+  const auto code = static_cast<grpc::StatusCode>(in.code);
+  if (code != grpc::StatusCode::OK) {
+    *status = grpc::Status(code, message, details);
   } else if (!reply->ParseFromString(body)) {
     *status = grpc::Status(grpc::StatusCode::INTERNAL, "the reply does not parse");
   } else {
     *status = grpc::Status::OK;
   }
+  // A proof the master took binds the connection to its session there; a refused one, or a
+  // session it no longer knows, leaves it bound to none.
+  if (code == grpc::StatusCode::UNAUTHENTICATED) {
+    link.bound_session = 0;
+  } else if (prove) {
+    link.bound_session = session->id;
+  }
   MutexLock lock(connection.local_mu);
   if (connection.local_state == Connection::LocalState::kUsable) {
-    connection.local_idle.push_back(std::move(fd));
+    connection.local_idle.push_back(std::move(link));
   } else {
-    fd.Reset();
+    link.fd.Reset();
     --connection.local_open;
   }
   return true;

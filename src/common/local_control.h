@@ -4,8 +4,9 @@
 // socket"): a client on the master's host sends the calls of proto/master.proto over an abstract
 // Unix socket, which the master names in ChallengeReply.local_socket, instead of over gRPC. Both
 // ends are on one host, so numbers are in the host's byte order.
-//   request: RequestHead{length, method, version = kVersion}, then `length` bytes: the request
-//            exactly as gRPC would carry it (with the proof trailer under a cluster token).
+//   request: RequestHead{length, method, version = kVersion, flags}, then `length` bytes: the
+//            request exactly as gRPC would carry it, and under a cluster token its proof after
+//            them (flag kProofAfterBytes) on a connection not yet bound to the session.
 //            `method` is the method's index in proto/master.proto's service Master.
 //   reply:   ReplyHead{code, message_length, details_length, body_length}, then the status
 //            message, the status details (gRPC's error_details) and the reply's bytes (only with
@@ -29,8 +30,14 @@ namespace larder::local_control {
 struct RequestHead {
   uint32_t length = 0;
   uint16_t method = 0;
-  uint16_t version = 0;
+  uint8_t version = 0;
+  uint8_t flags = 0;  // kProofAfterBytes, or none
 };
+// The request's bytes end with its proof (control_auth::EncodeTrailer). A proof the master takes
+// binds the connection to the proof's session: the calls after it on the connection carry none
+// and act for that session (no other process can write on the connection). Every other flag is
+// reserved (0).
+inline constexpr uint8_t kProofAfterBytes = 1;
 static_assert(sizeof(RequestHead) == 8);
 
 struct ReplyHead {
@@ -41,7 +48,7 @@ struct ReplyHead {
 };
 static_assert(sizeof(ReplyHead) == 16);
 
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint8_t kVersion = 1;
 // The largest request or reply: gRPC's message limit on both sides of the master's channel.
 inline constexpr uint32_t kMaxBodyBytes = 256u << 20;
 // The largest status message, and the largest status details.

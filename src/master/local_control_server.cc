@@ -122,18 +122,24 @@ void LocalControlServer::ServeConnection(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   std::string request;
   std::string reply;
+  uint64_t bound_session = 0;  // see ServedMaster::LocalCall
   for (;;) {
     RequestHead head;
     if (!local_control::ReadAll(fd, &head, sizeof(head))) return;  // closed, or Stop
-    if (head.version != local_control::kVersion || head.length > local_control::kMaxBodyBytes) {
+    if (head.version != local_control::kVersion || head.length > local_control::kMaxBodyBytes ||
+        (head.flags & ~local_control::kProofAfterBytes) != 0) {
       Log().warn(
-          "local control socket: closing a connection that sent a frame of version {} and "
-          "{} bytes (version {}, at most {} bytes)",
-          head.version, head.length, local_control::kVersion, local_control::kMaxBodyBytes);
+          "local control socket: closing a connection that sent a frame of version {}, "
+          "flags {:#x} and {} bytes (version {}, at most {} bytes)",
+          head.version, head.flags, head.length, local_control::kVersion,
+          local_control::kMaxBodyBytes);
       return;
     }
     if (!local_control::ReadBody(fd, head.length, &request)) return;
-    grpc::Status status = service_->ServeLocal(head.method, request, &reply);
+    grpc::Status status = service_->ServeLocal(
+        ServedMaster::LocalCall{head.method, (head.flags & local_control::kProofAfterBytes) != 0,
+                                request, &bound_session},
+        &reply);
     calls_.fetch_add(1, std::memory_order_relaxed);
     if (status.ok() && reply.size() > local_control::kMaxBodyBytes) {
       status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,

@@ -61,14 +61,15 @@ class RawLocal {
     local_control::SetTimeouts(fd_.get(), std::chrono::seconds(10));
   }
 
-  bool Send(uint32_t length, uint16_t method, uint16_t version, std::string_view bytes) {
-    local_control::RequestHead head{length, method, version};
+  bool Send(uint32_t length, uint16_t method, uint8_t version, uint8_t flags,
+            std::string_view bytes) {
+    local_control::RequestHead head{length, method, version, flags};
     iovec pieces[2] = {{&head, sizeof(head)}, {const_cast<char*>(bytes.data()), bytes.size()}};
     return local_control::WriteAll(fd_.get(), pieces);
   }
-  bool Send(int method, std::string_view bytes) {
+  bool Send(int method, std::string_view bytes, uint8_t flags = 0) {
     return Send(static_cast<uint32_t>(bytes.size()), static_cast<uint16_t>(method),
-                local_control::kVersion, bytes);
+                local_control::kVersion, flags, bytes);
   }
 
   // The reply's status (its body in *body), or nullopt when the master closed the connection.
@@ -124,6 +125,33 @@ TEST(LocalControlTest, AClientOnTheMastersHostCallsThereWithItsProofs) {
   EXPECT_GT(server->local_control_calls(), before);
 }
 
+TEST(LocalControlTest, AConnectionActsForTheSessionItsFirstProofBoundItTo) {
+  auto server = StartMaster(WithToken());
+  ASSERT_NE(server, nullptr);
+  auto client = Client(*server, "bound-client", kToken);
+  // The first call on the connection proves the session and binds the connection to it; the
+  // calls after it carry no proof.
+  MountAndPut(client, "bound-client", "bound-seg", Keys("page/", 8));
+  // A bound connection still acts for its session's client only.
+  proto::BatchKeysRequest remove;
+  proto::BatchStatusReply removed;
+  remove.set_client_id("another-client");
+  remove.add_keys("page/1");
+  Status denied = client.Call("BatchRemove", &Stub::BatchRemove, remove, &removed);
+  EXPECT_EQ(denied.code(), StatusCode::kPermissionDenied) << denied;
+  // The client leaves, which closes its session: the bound connection acts for nobody, and the
+  // client's next call opens a new session and binds the connection to that one.
+  proto::UnmountSegmentsRequest leave;
+  proto::UnmountSegmentsReply left;
+  leave.set_client_id("bound-client");
+  leave.add_segment_id(server->state().ListSegments({})[0].segment_id);
+  leave.set_unregister_client(true);
+  ASSERT_TRUE(client.Call("UnmountSegments", &Stub::UnmountSegments, leave, &left).ok());
+  const uint64_t before = server->local_control_calls();
+  MountAndPut(client, "bound-client", "bound-seg-2", Keys("again/", 8));
+  EXPECT_GE(server->local_control_calls(), before + 3);
+}
+
 TEST(LocalControlTest, AMasterWithoutItServesItsClientsOverGrpc) {
   MasterServerOptions options = TestOptions(WithToken());
   options.local_control_socket = false;
@@ -168,7 +196,17 @@ TEST(LocalControlTest, HostileFramesThereLeaveTheMasterServing) {
     control_auth::EncodeTrailer(
         1, 1, control_auth::Digest{},
         reinterpret_cast<uint8_t*>(forged.data()) + forged.size() - control_auth::kTrailerBytes);
-    ASSERT_TRUE(raw.Send(get, forged));
+    ASSERT_TRUE(raw.Send(get, forged, local_control::kProofAfterBytes));
+    status = raw.Receive();
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(status->error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    // Flagged with a proof after the bytes, and none there.
+    ASSERT_TRUE(raw.Send(get, stats.SerializeAsString(), local_control::kProofAfterBytes));
+    status = raw.Receive();
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(status->error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    // And the refused proofs bound nothing: a call without one is still refused.
+    ASSERT_TRUE(raw.Send(MethodIndex("GetStats"), stats.SerializeAsString()));
     status = raw.Receive();
     ASSERT_TRUE(status.has_value());
     EXPECT_EQ(status->error_code(), grpc::StatusCode::UNAUTHENTICATED);
@@ -183,20 +221,26 @@ TEST(LocalControlTest, HostileFramesThereLeaveTheMasterServing) {
   {
     // Another version of the frames: closed.
     RawLocal raw(name);
-    ASSERT_TRUE(raw.Send(0, static_cast<uint16_t>(get), local_control::kVersion + 1, ""));
+    ASSERT_TRUE(raw.Send(0, static_cast<uint16_t>(get), local_control::kVersion + 1, 0, ""));
+    EXPECT_TRUE(raw.Closed());
+  }
+  {
+    // A flag no version has: closed.
+    RawLocal raw(name);
+    ASSERT_TRUE(raw.Send(0, static_cast<uint16_t>(get), local_control::kVersion, 0x80, ""));
     EXPECT_TRUE(raw.Closed());
   }
   {
     // A length over the limit: closed, with nothing allocated for it.
     RawLocal raw(name);
     ASSERT_TRUE(raw.Send(local_control::kMaxBodyBytes + 1, static_cast<uint16_t>(get),
-                         local_control::kVersion, ""));
+                         local_control::kVersion, 0, ""));
     EXPECT_TRUE(raw.Closed());
   }
   {
     // A frame cut short: the master waits for the rest, and lets go when the peer leaves.
     RawLocal raw(name);
-    ASSERT_TRUE(raw.Send(1000, static_cast<uint16_t>(get), local_control::kVersion, "short"));
+    ASSERT_TRUE(raw.Send(1000, static_cast<uint16_t>(get), local_control::kVersion, 0, "short"));
   }
 
   // Every client is served still, over the socket.

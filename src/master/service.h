@@ -38,11 +38,18 @@ struct LocalControl {
 // `gate` (when not null) says whether calls are served at all. All of them outlive the service.
 class ServedMaster : public grpc::Service {
  public:
-  // Serves the call of method number `method` (its index in proto/master.proto's service Master)
-  // for a client of the local control socket: `bytes` is the request as it arrived, and the
-  // reply's bytes go to *reply. Checked as the gRPC method checks it, but for the calls that open
-  // a session, which go over gRPC only (UNIMPLEMENTED here).
-  virtual grpc::Status ServeLocal(int method, std::string_view bytes, std::string* reply) = 0;
+  // A call on a connection of the local control socket (common/local_control.h).
+  struct LocalCall {
+    int method = 0;  // its index in proto/master.proto's service Master
+    bool proof_after_bytes = false;
+    std::string_view bytes;  // the request as it arrived
+    // The session the connection is bound to (0: none): set by a proof checked here.
+    uint64_t* bound_session = nullptr;
+  };
+  // Serves a local call, the reply's bytes into *reply. Checked as the gRPC method checks it,
+  // with the proof after the bytes or the session the connection is bound to; the calls that
+  // open a session go over gRPC only (UNIMPLEMENTED here).
+  virtual grpc::Status ServeLocal(const LocalCall& call, std::string* reply) = 0;
 };
 std::unique_ptr<ServedMaster> NewMasterService(MasterState* state, SessionTable* sessions,
                                                const ServingGate* gate = nullptr,

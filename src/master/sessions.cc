@@ -182,7 +182,24 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
   }
   session->used = true;
   session->last_used = options_.clock();
-  return CallIdentity{session->client_id, session->admin};
+  return CallIdentity{session->client_id, session->admin, session_id};
+}
+
+Result<CallIdentity> SessionTable::Bound(uint64_t session_id) {
+  std::shared_ptr<Session> session;
+  {
+    ReaderLock lock(mu_);
+    auto it = sessions_.find(session_id);
+    if (it != sessions_.end()) session = it->second;
+  }
+  if (session == nullptr) {
+    return UnauthenticatedError("unknown session (the master restarted, or the session expired)")
+        .WithDetail(ErrorDetail::kUnknownSession);
+  }
+  MutexLock lock(session->mu);
+  session->used = true;
+  session->last_used = options_.clock();
+  return CallIdentity{session->client_id, session->admin, session_id};
 }
 
 void SessionTable::CloseClient(std::string_view client_id) {

@@ -48,6 +48,7 @@ struct AuthOptions {
 struct CallIdentity {
   std::string client_id;
   bool admin = false;
+  uint64_t session_id = 0;
 };
 
 // Longest client id a session may be opened for.
@@ -92,6 +93,12 @@ class SessionTable {
   // request.
   Result<CallIdentity> Verify(std::string_view metadata, std::string_view method,
                               const std::function<control_auth::Digest()>& body_hash);
+
+  // Who a call acts for on a connection of the local control socket that a proof checked by
+  // Verify bound to `session_id` (common/local_control.h: no other process can write on it), as
+  // long as the session is open. Errors: Unauthenticated, with the detail
+  // ErrorDetail::kUnknownSession, once it is closed.
+  Result<CallIdentity> Bound(uint64_t session_id);
 
   // Closes the sessions of a client that left.
   void CloseClient(std::string_view client_id);

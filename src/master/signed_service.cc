@@ -77,7 +77,8 @@ class SignedService final : public ServedMaster {
 
   size_t served() const { return paths_.size(); }
 
-  grpc::Status ServeLocal(int method, std::string_view bytes, std::string* reply) override {
+  grpc::Status ServeLocal(const LocalCall& call, std::string* reply) override {
+    const int method = call.method;
     if (method < 0 || static_cast<size_t>(method) >= local_.size()) {
       return grpc::Status(
           grpc::StatusCode::UNIMPLEMENTED,
@@ -89,7 +90,7 @@ class SignedService final : public ServedMaster {
                                       "control socket",
                                       Declared().method(method)->name()));
     }
-    return local_[method](bytes, reply);
+    return local_[method](call, reply);
   }
 
   // The service as proto/master.proto declares it.
@@ -123,11 +124,12 @@ class SignedService final : public ServedMaster {
             this)));
     if (need != Need::kNothing) {
       local_[static_cast<size_t>(method->index())] = [this, name, need, handler](
-                                                         std::string_view bytes, std::string* out) {
-        return Dispatch<Request, Reply>(name, need, handler, nullptr, bytes, [out](size_t size) {
-          out->resize(size);
-          return reinterpret_cast<uint8_t*>(out->data());
-        });
+                                                         const LocalCall& call, std::string* out) {
+        return Dispatch<Request, Reply>(name, need, handler, nullptr, &call, call.bytes,
+                                        [out](size_t size) {
+                                          out->resize(size);
+                                          return reinterpret_cast<uint8_t*>(out->data());
+                                        });
       };
     }
   }
@@ -151,27 +153,28 @@ class SignedService final : public ServedMaster {
       bytes = joined;
     }
     std::optional<grpc::Slice> slice;
-    grpc::Status status =
-        Dispatch<Request, Reply>(name, need, handler, context, bytes, [&slice](size_t size) {
-          slice.emplace(size);
-          return const_cast<uint8_t*>(slice->begin());
-        });
+    grpc::Status status = Dispatch<Request, Reply>(name, need, handler, context, nullptr, bytes,
+                                                   [&slice](size_t size) {
+                                                     slice.emplace(size);
+                                                     return const_cast<uint8_t*>(slice->begin());
+                                                   });
     if (status.ok()) *out = grpc::ByteBuffer(&*slice, 1);
     return status;
   }
 
-  // Serves one call, gRPC's (`context`) or the local socket's (no context): `bytes` as they
+  // Serves one call, gRPC's (`context`) or the local socket's (`local`): `bytes` as they
   // arrived; the reply is serialized where reply_bytes(size) says.
   template <typename Request, typename Reply, typename ReplyBytes>
   grpc::Status Dispatch(const char* name, Need need, Handler<Request, Reply> handler,
-                        grpc::ServerContext* context, std::string_view bytes,
-                        const ReplyBytes& reply_bytes) {
+                        grpc::ServerContext* context, const LocalCall* local,
+                        std::string_view bytes, const ReplyBytes& reply_bytes) {
     if (gate_ != nullptr) {
       if (Status serving = gate_->CheckServing(); !serving.ok()) return ToGrpc(serving);
     }
     std::optional<CallIdentity> identity;
     if (need != Need::kNothing && sessions_->enabled()) {
-      Result<CallIdentity> proven = Prove(name, context, &bytes);
+      Result<CallIdentity> proven =
+          local != nullptr ? ProveLocal(name, *local, &bytes) : Prove(name, context, &bytes);
       if (!proven.ok()) return ToGrpc(proven.status());
       identity = std::move(proven).value();
     }
@@ -203,15 +206,32 @@ class SignedService final : public ServedMaster {
     return grpc::Status::OK;
   }
 
-  // Checks the call's proof: at the end of `bytes` (which then loses it), or else in a gRPC
-  // call's metadata (an older client's), which is looked at only then: gRPC builds a map of all
-  // the call's metadata when asked for any. A local call has no metadata.
+  // A local call: proven by the proof after its bytes (flagged: which then binds its connection
+  // to the proof's session), else by the session its connection is bound to.
+  Result<CallIdentity> ProveLocal(const char* name, const LocalCall& call,
+                                  std::string_view* bytes) {
+    if (!call.proof_after_bytes && *call.bound_session != 0) {
+      Result<CallIdentity> bound = sessions_->Bound(*call.bound_session);
+      if (!bound.ok()) *call.bound_session = 0;  // closed: the next call proves itself again
+      return bound;
+    }
+    std::string_view proof;
+    if (call.proof_after_bytes && !control_auth::SplitTrailer(*bytes, bytes, &proof)) {
+      return UnauthenticatedError("a call flagged with its proof after its bytes ends with none");
+    }
+    Result<CallIdentity> proven =
+        sessions_->Verify(proof, name, [bytes] { return control_auth::BodyHash(*bytes); });
+    if (proven.ok()) *call.bound_session = proven->session_id;
+    return proven;
+  }
+
+  // Checks a gRPC call's proof: at the end of `bytes` (which then loses it), or else in its
+  // metadata (an older client's), which is looked at only then: gRPC builds a map of all the
+  // call's metadata when asked for any.
   Result<CallIdentity> Prove(const char* name, grpc::ServerContext* context,
                              std::string_view* bytes) {
     std::string_view proof;
-    const bool after_bytes = context == nullptr || sessions_->offers_proof_in_body();
-    if ((!after_bytes || !control_auth::SplitTrailer(*bytes, bytes, &proof)) &&
-        context != nullptr) {
+    if (!sessions_->offers_proof_in_body() || !control_auth::SplitTrailer(*bytes, bytes, &proof)) {
       const auto& entries = context->client_metadata();
       if (auto it = entries.find(control_auth::kMetadataKey); it != entries.end()) {
         proof = std::string_view(it->second.data(), it->second.size());
@@ -248,7 +268,7 @@ class SignedService final : public ServedMaster {
   const ServingGate* gate_;
   std::deque<std::string> paths_;  // the methods' full names, which gRPC keeps pointers to
   // The local socket's calls, by method number (empty: not served there).
-  std::vector<std::function<grpc::Status(std::string_view, std::string*)>> local_;
+  std::vector<std::function<grpc::Status(const LocalCall&, std::string*)>> local_;
 };
 
 }  // namespace

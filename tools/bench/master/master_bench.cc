@@ -54,7 +54,7 @@ struct Master {
   std::string client_id;
 };
 
-Result<Master> StartMaster(bool auth) {
+Result<Master> StartMaster(const MasterBenchOptions& options) {
   std::string self = SelfExecutable();
   std::string path = self.substr(0, self.rfind('/') + 1) + "larder-master";
   std::vector<std::string> argv = {path,
@@ -72,7 +72,7 @@ Result<Master> StartMaster(bool auth) {
   Master master;
   master.client_id = "master-bench/" + std::to_string(getpid());
   client_options.client_id = master.client_id;
-  if (auth) {
+  if (options.auth) {
     uint8_t secret[16];
     RandomBytes(secret, sizeof(secret));
     for (uint8_t b : secret) client_options.auth_token += fmt::format("{:02x}", b);
@@ -80,6 +80,7 @@ Result<Master> StartMaster(bool auth) {
     std::ofstream(file) << client_options.auth_token;
     argv.insert(argv.end(), {"--auth-token-file", file});
   }
+  if (options.grpc_only) argv.push_back("--no-local-socket");
   LARDER_ASSIGN_OR_RETURN(master.process, ChildProcess::Spawn(argv, {{"LARDER_LOG_LEVEL", "warn"}},
                                                               std::chrono::seconds(30)));
   client_options.address = master.process.address().substr(0, master.process.address().find(' '));
@@ -216,14 +217,13 @@ int RunMasterBench(const MasterBenchOptions& options) {
     std::cerr << "larder-bench master: " << status << "\n";
     return 1;
   };
-  nlohmann::json out = {{"bench", "master"},
-                        {"batch", options.batch},
-                        {"threads", options.threads},
-                        {"key_size", options.key_size},
-                        {"auth", options.auth}};
+  nlohmann::json out = {
+      {"bench", "master"},          {"batch", options.batch},
+      {"threads", options.threads}, {"key_size", options.key_size},
+      {"auth", options.auth},       {"path", options.grpc_only ? "grpc" : "local"}};
   // 1. Throughput: each thread puts fresh keys for the duration, then gets random ones.
   {
-    auto master = StartMaster(options.auth);
+    auto master = StartMaster(options);
     if (!master.ok()) return fail(master.status());
     std::atomic<uint64_t> puts{0}, gets{0};
     std::vector<std::vector<double>> put_lat(options.threads), get_lat(options.threads);
@@ -292,7 +292,7 @@ int RunMasterBench(const MasterBenchOptions& options) {
   }
   // 2. Memory: resident bytes of a fresh master before and after `objects` puts.
   {
-    auto master = StartMaster(options.auth);
+    auto master = StartMaster(options);
     if (!master.ok()) return fail(master.status());
     uint64_t before = ResidentBytes(master->process.pid());
     std::vector<std::thread> threads;

@@ -16,6 +16,8 @@ struct MasterBenchOptions {
   size_t key_size = 32;
   // Run the master with a cluster token: every call then carries its session's proof.
   bool auth = false;
+  // Run the master with --no-local-socket: the callers, on its host, then call over gRPC.
+  bool grpc_only = false;
   bool json = false;
   // > 0: instead of the above, time the rebuild of a master from catalogs of this many objects
   // (MasterState::MountSegments, in this process): one client's catalog, then a second client's
