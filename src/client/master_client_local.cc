@@ -145,7 +145,9 @@ bool MasterClient::CallLocal(const Connection& connection, const char* name,
                            in.message_length <= local_control::kMaxStatusBytes &&
                            in.details_length <= local_control::kMaxStatusBytes &&
                            in.body_length <= local_control::kMaxBodyBytes &&
-                           (in.code == 0 || in.body_length == 0);
+                           (in.code == 0 || in.body_length == 0) &&
+                           (in.flags & ~local_control::kBound) == 0 &&
+                           (prove || (in.flags & local_control::kBound) == 0);
   if (!well_formed || !local_control::ReadBody(link.fd.get(), in.message_length, &message) ||
       !local_control::ReadBody(link.fd.get(), in.details_length, &details) ||
       !local_control::ReadBody(link.fd.get(), in.body_length, &body)) {
@@ -163,12 +165,12 @@ bool MasterClient::CallLocal(const Connection& connection, const char* name,
   } else {
     *status = grpc::Status::OK;
   }
-  // A proof the master took binds the connection to its session there; a refused one, or a
-  // session it no longer knows, leaves it bound to none.
-  if (code == grpc::StatusCode::UNAUTHENTICATED) {
-    link.bound_session = 0;
-  } else if (prove) {
+  // A proof the master took binds the connection to its session there (it says so); a call
+  // refused for its session (one the master closed) leaves it bound to none.
+  if ((in.flags & local_control::kBound) != 0) {
     link.bound_session = session->id;
+  } else if (code == grpc::StatusCode::UNAUTHENTICATED) {
+    link.bound_session = 0;
   }
   MutexLock lock(connection.local_mu);
   if (connection.local_state == Connection::LocalState::kUsable) {

@@ -8,7 +8,7 @@
 //            request exactly as gRPC would carry it, and under a cluster token its proof after
 //            them (flag kProofAfterBytes) on a connection not yet bound to the session.
 //            `method` is the method's index in proto/master.proto's service Master.
-//   reply:   ReplyHead{code, message_length, details_length, body_length}, then the status
+//   reply:   ReplyHead{code, message_length, details_length, body_length, flags}, then the status
 //            message, the status details (gRPC's error_details) and the reply's bytes (only with
 //            code 0, OK).
 // One call at a time per connection. The master closes a connection whose frame it cannot take
@@ -45,8 +45,11 @@ struct ReplyHead {
   uint32_t message_length = 0;
   uint32_t details_length = 0;
   uint32_t body_length = 0;
+  uint32_t flags = 0;  // kBound, or none
 };
-static_assert(sizeof(ReplyHead) == 16);
+static_assert(sizeof(ReplyHead) == 20);
+// The call's proof was taken: the connection is bound to its session now.
+inline constexpr uint32_t kBound = 1;
 
 inline constexpr uint8_t kVersion = 1;
 // The largest request or reply: gRPC's message limit on both sides of the master's channel.

@@ -136,9 +136,10 @@ void LocalControlServer::ServeConnection(int fd) {
       return;
     }
     if (!local_control::ReadBody(fd, head.length, &request)) return;
+    bool bound = false;
     grpc::Status status = service_->ServeLocal(
         ServedMaster::LocalCall{head.method, (head.flags & local_control::kProofAfterBytes) != 0,
-                                request, &bound_session},
+                                request, &bound_session, &bound},
         &reply);
     calls_.fetch_add(1, std::memory_order_relaxed);
     if (status.ok() && reply.size() > local_control::kMaxBodyBytes) {
@@ -155,6 +156,7 @@ void LocalControlServer::ServeConnection(int fd) {
     out.details_length =
         static_cast<uint32_t>(std::min<size_t>(details.size(), local_control::kMaxStatusBytes));
     out.body_length = status.ok() ? static_cast<uint32_t>(reply.size()) : 0;
+    out.flags = bound ? local_control::kBound : 0;
     iovec pieces[4] = {{&out, sizeof(out)},
                        {const_cast<char*>(message.data()), out.message_length},
                        {const_cast<char*>(details.data()), out.details_length},

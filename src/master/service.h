@@ -43,8 +43,10 @@ class ServedMaster : public grpc::Service {
     int method = 0;  // its index in proto/master.proto's service Master
     bool proof_after_bytes = false;
     std::string_view bytes;  // the request as it arrived
-    // The session the connection is bound to (0: none): set by a proof checked here.
+    // The session the connection is bound to (0: none): set by a proof checked here, which
+    // also sets *bound.
     uint64_t* bound_session = nullptr;
+    bool* bound = nullptr;
   };
   // Serves a local call, the reply's bytes into *reply. Checked as the gRPC method checks it,
   // with the proof after the bytes or the session the connection is bound to; the calls that

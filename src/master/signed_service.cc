@@ -221,7 +221,10 @@ class SignedService final : public ServedMaster {
     }
     Result<CallIdentity> proven =
         sessions_->Verify(proof, name, [bytes] { return control_auth::BodyHash(*bytes); });
-    if (proven.ok()) *call.bound_session = proven->session_id;
+    if (proven.ok()) {
+      *call.bound_session = proven->session_id;
+      *call.bound = true;
+    }
     return proven;
   }
 
