@@ -29,13 +29,16 @@ void MasterClient::LearnLocal(const Connection& connection) const {
     connection.local_retry = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     return;
   }
-  // An abstract socket is reachable from this network namespace only: the host id says so.
-  if (challenge.local_socket().empty() || challenge.host_id() != host_id) {
+  // An abstract socket is reachable from this network namespace only: the host id says so. A
+  // name of another form is no master's (LocalControlServer::Listen).
+  const std::string& name = challenge.local_socket();
+  if (name.empty() || challenge.host_id() != host_id || !name.starts_with("larder-master-") ||
+      name.size() > 64) {
     connection.local_state = Connection::LocalState::kNone;
     return;
   }
   connection.local_state = Connection::LocalState::kUsable;
-  connection.local_socket = challenge.local_socket();
+  connection.local_socket = name;
 }
 
 MasterClient::LocalLink MasterClient::TakeLocal(const Connection& connection, bool* fresh) const {

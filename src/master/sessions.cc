@@ -151,16 +151,7 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
   if (!control_auth::DecodeMetadata(metadata, &session_id, &sequence, &mac) || sequence == 0) {
     return UnauthenticatedError("malformed authentication metadata");
   }
-  std::shared_ptr<Session> session;
-  {
-    ReaderLock lock(mu_);
-    auto it = sessions_.find(session_id);
-    if (it != sessions_.end()) session = it->second;
-  }
-  if (session == nullptr) {
-    return UnauthenticatedError("unknown session (the master restarted, or the session expired)")
-        .WithDetail(ErrorDetail::kUnknownSession);
-  }
+  LARDER_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(session_id));
   control_auth::Digest expected =
       control_auth::CallMac(session->key, method, sequence, body_hash());
   if (!DigestEqual(expected.data(), mac.data())) {
@@ -180,26 +171,29 @@ Result<CallIdentity> SessionTable::Verify(std::string_view metadata, std::string
     }
     session->window.set(age);
   }
-  session->used = true;
-  session->last_used = options_.clock();
-  return CallIdentity{session->client_id, session->admin, session_id};
+  return UseLocked(*session, session_id);
 }
 
 Result<CallIdentity> SessionTable::Bound(uint64_t session_id) {
-  std::shared_ptr<Session> session;
-  {
-    ReaderLock lock(mu_);
-    auto it = sessions_.find(session_id);
-    if (it != sessions_.end()) session = it->second;
-  }
-  if (session == nullptr) {
+  LARDER_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(session_id));
+  MutexLock lock(session->mu);
+  return UseLocked(*session, session_id);
+}
+
+Result<std::shared_ptr<SessionTable::Session>> SessionTable::Find(uint64_t session_id) const {
+  ReaderLock lock(mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
     return UnauthenticatedError("unknown session (the master restarted, or the session expired)")
         .WithDetail(ErrorDetail::kUnknownSession);
   }
-  MutexLock lock(session->mu);
-  session->used = true;
-  session->last_used = options_.clock();
-  return CallIdentity{session->client_id, session->admin, session_id};
+  return it->second;
+}
+
+CallIdentity SessionTable::UseLocked(Session& session, uint64_t session_id) {
+  session.used = true;
+  session.last_used = options_.clock();
+  return CallIdentity{session.client_id, session.admin, session_id};
 }
 
 void SessionTable::CloseClient(std::string_view client_id) {

@@ -119,6 +119,10 @@ class SessionTable {
   };
   static constexpr uint64_t kWindow = 1024;
 
+  // The open session `session_id`; Unauthenticated with kUnknownSession when there is none.
+  Result<std::shared_ptr<Session>> Find(uint64_t session_id) const;
+  // Marks a call checked on `session` (its mu held) and says who it acts for.
+  CallIdentity UseLocked(Session& session, uint64_t session_id) LARDER_REQUIRES(session.mu);
   void ForgetChallengesLocked(Clock::time_point now) LARDER_REQUIRES(challenges_mu_);
   void CloseIdleLocked(Clock::time_point now) LARDER_REQUIRES(mu_);
 
