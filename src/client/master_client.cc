@@ -281,6 +281,7 @@ Result<std::shared_ptr<const MasterClient::Session>> MasterClient::OpenSession(
     LARDER_RETURN_IF_ERROR(
         FromGrpc(connection, "Challenge", connection.stub->Challenge(&context, ask, &challenge)));
   }
+  AdoptLocal(connection, challenge);  // the session's challenge names the local socket too
   const std::string& address = connection.address;
   if (!challenge.auth_required()) {
     return PermissionDeniedError("larder-master " + address +

@@ -218,6 +218,8 @@ class MasterClient {
   LocalLink TakeLocal(const Connection& connection, bool* fresh) const;
   // Asks the master (Challenge, over gRPC) for its local socket.
   void LearnLocal(const Connection& connection) const;
+  // Takes the local socket a challenge names (`challenge`), or none, while none is known yet.
+  void AdoptLocal(const Connection& connection, const proto::ChallengeReply& challenge) const;
   Result<std::shared_ptr<const Session>> CurrentSession(const Connection& connection) const;
   Result<std::shared_ptr<const Session>> OpenSession(const Connection& connection) const;
   void ForgetSession(const Connection& connection, uint64_t session_id) const;

@@ -20,14 +20,24 @@ void MasterClient::LearnLocal(const Connection& connection) const {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
   grpc::Status asked = connection.stub->Challenge(&context, ask, &challenge);
-  static const std::string host_id = DefaultHostId();
-  MutexLock lock(connection.local_mu);
   if (!asked.ok()) {
     // Asked again by a call a second from now: until then calls go over gRPC without waiting
     // for a master that may be away.
+    MutexLock lock(connection.local_mu);
     connection.local_state = Connection::LocalState::kUnknown;
     connection.local_retry = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     return;
+  }
+  AdoptLocal(connection, challenge);
+}
+
+void MasterClient::AdoptLocal(const Connection& connection,
+                              const proto::ChallengeReply& challenge) const {
+  static const std::string host_id = DefaultHostId();
+  MutexLock lock(connection.local_mu);
+  if (connection.local_state == Connection::LocalState::kUsable ||
+      connection.local_state == Connection::LocalState::kNone) {
+    return;  // known already
   }
   // An abstract socket is reachable from this network namespace only: the host id says so. A
   // name of another form is no master's (LocalControlServer::Listen).
